@@ -1,0 +1,96 @@
+"""A policy configuration: a registered governor, its parameters, and the loop's parameters.
+
+One flat namespace of `key=value` settings covers both, so a command line, a
+study's search space and a `best.yaml` all name parameters the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policies import ConfigError, Governor, build_params, policy_class
+from policies.base import fields_of
+from sim.loop import LoopParams
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    policy: str
+    params: Any  # the policy's frozen Params dataclass
+    loop: LoopParams
+
+    def governor(self) -> Governor:
+        """A fresh governor: replays never share state."""
+        return policy_class(self.policy)(self.params, self.loop.max_draft)
+
+    def settings(self) -> dict[str, Any]:
+        """Every parameter, policy and loop, in one flat mapping (sorted keys)."""
+        merged = {**dataclasses.asdict(self.params), **dataclasses.asdict(self.loop)}
+        return dict(sorted(merged.items()))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "params": self.settings()}
+
+    def label(self, base: PolicyConfig | None = None) -> str:
+        """`gated` for defaults, `gated:full_at=1.75` for the settings that differ from `base` (or the defaults)."""
+        reference = (base or make_config(self.policy, {})).settings()
+        changed = [f"{k}={v}" for k, v in self.settings().items() if reference.get(k) != v]
+        return ":".join([self.policy, *changed])
+
+
+def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
+    """Split flat settings between the policy and the loop; an unknown key names every allowed one."""
+    cls = policy_class(policy)
+    policy_keys = fields_of(cls.Params)
+    loop_keys = fields_of(LoopParams)
+    unknown = sorted(set(values) - set(policy_keys) - set(loop_keys))
+    if unknown:
+        allowed = ", ".join([*policy_keys, *loop_keys])
+        raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for policy {policy}; allowed: {allowed}")
+    params = build_params(cls.Params, {k: v for k, v in values.items() if k in policy_keys}, policy)
+    loop = build_params(LoopParams, {k: v for k, v in values.items() if k in loop_keys}, "loop")
+    return PolicyConfig(policy, params, loop)
+
+
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`["full_at=1.75", "max_draft=5"]` -> {"full_at": "1.75", "max_draft": "5"}."""
+    values: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"expected key=value, got {item!r}")
+        values[key.strip()] = value.strip()
+    return values
+
+
+def split_variant(text: str) -> tuple[str, dict[str, str]]:
+    """`gated:full_at=1.75:probation=any_token` -> ("gated", {"full_at": "1.75", "probation": "any_token"})."""
+    name, *assignments = text.strip().split(":")
+    return name, parse_assignments(assignments)
+
+
+def load_config_file(path: str | Path) -> PolicyConfig:
+    """A YAML file `{policy: NAME, params: {key: value, ...}}`, as `sim.tune` writes to best.yaml."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(raw, dict) or "policy" not in raw:
+        raise ConfigError(f"{path}: expected a mapping with 'policy' and optional 'params'")
+    extra = sorted(set(raw) - {"policy", "params", "notes"})
+    if extra:
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes")
+    params = raw.get("params") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{path}: 'params' must be a mapping of parameter names to values")
+    try:
+        return make_config(str(raw["policy"]), params)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None

@@ -1,0 +1,171 @@
+"""Cost profiles: what each verify width costs one model on one machine (DESIGN §6).
+
+A profile holds `P`, the time of one pipelined one-token step, and `S(w)`, the
+time of a synchronous forward of width w including reading its result on the
+host, for w = 1..W, in milliseconds. Derived:
+  host gap     g    = S(1) - P      (read, sample, look up, build the next step)
+  device time  d(w) = S(w) - g      (so d(1) = P)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUNDLED = Path(__file__).resolve().parent.parent / "traces" / "profiles"
+DEFAULT_PROFILE = "gb10-qwen3-8b-4bit"
+EXTENDS = ("error", "flat")
+KEYS = {
+    "name": "profile name (defaults to the file name)",
+    "pipelined_ms": "P: one pipelined one-token step, ms",
+    "sync_ms": "S(1..W): synchronous forward of width w incl. reading it on the host, ms",
+    "extend": "beyond width W: error (default) or flat (cost of width W)",
+    "prefill": "optional {fixed_ms, per_prompt_token_ms, source}: time to the first token",
+    "model": "model the numbers were measured with",
+    "machine": "hardware and software stack",
+    "date": "when it was measured",
+    "source": "where the numbers come from",
+    "notes": "free text",
+}
+PREFILL_KEYS = ("fixed_ms", "per_prompt_token_ms", "source")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be found or is not valid; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    name: str
+    pipelined_ms: float
+    sync_ms: tuple[float, ...]
+    extend: str = "error"
+    prefill_fixed_ms: float = 0.0
+    prefill_per_token_ms: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    sha256: str = ""
+
+    def __post_init__(self):
+        if not self.sync_ms:
+            raise ValueError("sync_ms needs at least width 1")
+        if self.host_gap < 0:
+            raise ValueError(
+                f"S(1)={self.sync_ms[0]} ms is below P={self.pipelined_ms} ms: the host gap S(1)-P would be negative"
+            )
+        if self.pipelined_ms <= 0 or any(self.sync_ms[w - 1] - self.host_gap <= 0 for w in range(1, self.max_width + 1)):
+            raise ValueError("every device time d(w) = S(w) - (S(1) - P) must be positive")
+
+    @property
+    def max_width(self) -> int:
+        return len(self.sync_ms)
+
+    @property
+    def host_gap(self) -> float:
+        return self.sync_ms[0] - self.pipelined_ms
+
+    def sync(self, width: int) -> float:
+        """S(w) in ms."""
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
+        if width > self.max_width:
+            if self.extend != "flat":
+                raise ProfileError(
+                    f"profile {self.name} measures widths 1..{self.max_width}, a round of width {width} was asked for "
+                    f"(lower max_draft, or set 'extend: flat' in the profile)"
+                )
+            width = self.max_width
+        return self.sync_ms[width - 1]
+
+    def device(self, width: int) -> float:
+        """d(w) = S(w) - g: what the device spends on a forward of width w."""
+        return self.sync(width) - self.host_gap
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        return self.prefill_fixed_ms + self.prefill_per_token_ms * prompt_tokens
+
+    def check_width(self, width: int) -> None:
+        """Fail early, before a replay, when a configuration can ask for a width this profile lacks."""
+        self.sync(width)
+
+    def as_dict(self) -> dict[str, Any]:
+        """What result files record about the profile that produced them."""
+        return {"name": self.name, "sha256": self.sha256, "pipelined_ms": self.pipelined_ms,
+                "host_gap_ms": self.host_gap, "extend": self.extend,
+                "prefill_fixed_ms": self.prefill_fixed_ms, "prefill_per_token_ms": self.prefill_per_token_ms}
+
+
+def bundled_profiles() -> list[str]:
+    return sorted(p.stem for p in BUNDLED.glob("*.yaml"))
+
+
+def resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ProfileError(f"{name_or_path}: no such profile file")
+        return path
+    bundled = BUNDLED / f"{name_or_path}.yaml"
+    if not bundled.is_file():
+        raise ProfileError(
+            f"unknown profile {name_or_path!r}; bundled: {', '.join(bundled_profiles())} (or give a path to a YAML file)"
+        )
+    return bundled
+
+
+def load_profile(name_or_path: str) -> CostProfile:
+    path = resolve(name_or_path)
+    data = path.read_bytes()
+    try:
+        raw = yaml.safe_load(data)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ProfileError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    return profile_from_dict(raw, str(path), hashlib.sha256(data).hexdigest(), default_name=path.stem)
+
+
+def _number(value: Any, where: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(f"{where}: {what} must be a number of milliseconds, got {value!r}")
+    return float(value)
+
+
+def profile_from_dict(raw: Any, where: str, sha256: str = "", default_name: str = "profile") -> CostProfile:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: expected a mapping with keys {', '.join(KEYS)}")
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
+    for key in ("pipelined_ms", "sync_ms"):
+        if key not in raw:
+            raise ProfileError(f"{where}: missing '{key}' ({KEYS[key]})")
+    sync = raw["sync_ms"]
+    if not isinstance(sync, list) or not sync:
+        raise ProfileError(f"{where}: sync_ms must be a list of milliseconds for widths 1, 2, ...")
+    sync_ms = tuple(_number(v, where, f"sync_ms[{i}] (width {i + 1})") for i, v in enumerate(sync))
+    extend = raw.get("extend", "error")
+    if extend not in EXTENDS:
+        raise ProfileError(f"{where}: extend must be one of {', '.join(EXTENDS)}, got {extend!r}")
+    prefill = raw.get("prefill") or {}
+    if not isinstance(prefill, dict) or set(prefill) - set(PREFILL_KEYS):
+        raise ProfileError(f"{where}: prefill must be a mapping with keys among {', '.join(PREFILL_KEYS)}")
+    meta = {k: raw[k] for k in ("model", "machine", "date", "source", "notes") if k in raw}
+    if prefill.get("source"):
+        meta["prefill_source"] = prefill["source"]
+    try:
+        return CostProfile(
+            name=str(raw.get("name", default_name)),
+            pipelined_ms=_number(raw["pipelined_ms"], where, "pipelined_ms"),
+            sync_ms=sync_ms,
+            extend=extend,
+            prefill_fixed_ms=_number(prefill.get("fixed_ms", 0.0), where, "prefill.fixed_ms"),
+            prefill_per_token_ms=_number(prefill.get("per_prompt_token_ms", 0.0), where, "prefill.per_prompt_token_ms"),
+            meta=meta,
+            sha256=sha256,
+        )
+    except ValueError as err:
+        raise ProfileError(f"{where}: {err}") from None

@@ -1,0 +1,85 @@
+"""Prompt lookup, the drafter (DESIGN §2): a reference scan and an incremental n-gram index.
+
+The context is the prompt followed by every emitted token. Greedy decoding emits
+the same tokens whatever the governor does, so the context at every length is
+the same for every policy: the index records, per context length, where the
+winning match's continuation starts, and any policy's proposal at that length is
+a slice of the context. Replay therefore looks nothing up twice.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+NO_MATCH = -1
+
+
+def scan(context: Sequence[int], ngram_max: int = 3, ngram_min: int = 2, max_draft: int = 7) -> list[int]:
+    """The specification, written as plainly as possible; the index must agree with it."""
+    length = len(context)
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        suffix = list(context[length - n :])
+        # Most recent earlier occurrence with at least one token after it: start <= length-n-1,
+        # which also rules out the suffix itself.
+        for start in range(length - n - 1, -1, -1):
+            if list(context[start : start + n]) == suffix:
+                return list(context[start + n : min(start + n + max_draft, length)])
+    return []
+
+
+class PromptLookup:
+    """Incremental n-gram index over a growing context.
+
+    `continuation[L]` is where the proposal starts when the context has length L
+    (NO_MATCH when no n-gram matches), so `propose(L, k)` is `context[c : min(c+k, L)]`.
+    """
+
+    def __init__(self, ngram_min: int = 2, ngram_max: int = 3, context: Sequence[int] = ()):
+        if ngram_min < 1 or ngram_max < ngram_min:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}")
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+        self.context: list[int] = []
+        self.continuation: list[int] = [NO_MATCH]  # length 0 has no match
+        # per n: n-gram -> most recent start among those with at least one token after them
+        self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
+        self.extend(context)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens; the answer at every intermediate length is recorded too."""
+        ctx = self.context
+        for token in tokens:
+            ctx.append(token)
+            length = len(ctx)
+            # The n-grams ending just before the new token now have a token after them.
+            for n, table in self._latest.items():
+                start = length - 1 - n
+                if start >= 0:
+                    table[tuple(ctx[start : length - 1])] = start
+            self.continuation.append(self._match(length))
+
+    def _match(self, length: int) -> int:
+        ctx = self.context
+        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+            start = self._latest[n].get(tuple(ctx[length - n : length]))
+            if start is not None:  # longest suffix wins; the table holds the most recent start
+                return start + n
+        return NO_MATCH
+
+    def propose(self, context: Sequence[int], max_draft: int) -> list[int]:
+        """The proposal for `context`, at most `max_draft` tokens, never past its end.
+
+        The index may already hold more than `context` (replay indexes a whole trace
+        once); only what it lacks is added, so live decoding and replay share this call.
+        """
+        known = len(self.context)
+        if len(context) > known:
+            self.extend(context[known:])
+        return self.propose_at(len(context), max_draft)
+
+    def propose_at(self, length: int, max_draft: int) -> list[int]:
+        """The proposal when the context is the first `length` tokens of the index."""
+        begin = self.continuation[length]
+        if begin == NO_MATCH or max_draft <= 0:
+            return []
+        return self.context[begin : min(begin + max_draft, length)]

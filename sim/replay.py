@@ -1,0 +1,217 @@
+"""Replay recorded traces under any governor: `python -m sim.replay TRACE... --policy NAME`.
+
+For each trace, policy and cost profile: the loop (sim/loop.py) replays the
+trace and counts as mlxcel does, the simpy model (sim/des.py) times its actions
+and plain decoding's, and the speedup is plain time over policy time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any, Sequence
+
+from policies import REGISTRY, ConfigError, describe
+from sim.config import PolicyConfig, load_config_file, make_config, parse_assignments, split_variant
+from sim.costs import DEFAULT_PROFILE, CostProfile, ProfileError, bundled_profiles, load_profile
+from sim.des import fast_time, plain_actions, simulate
+from sim.lookup import PromptLookup
+from sim.loop import LoopParams, LoopResult, TraceTarget, run
+from sim.trace import Trace, TraceError, read_trace
+
+_DRAFTERS: dict[tuple[str, int, int], PromptLookup] = {}
+
+
+def drafter_for(trace: Trace, ngram_min: int, ngram_max: int) -> PromptLookup:
+    """The trace's whole context indexed once per process and n-gram bounds; every replay shares it read-only."""
+    key = (trace.sha256 or trace.path, ngram_min, ngram_max)
+    if key not in _DRAFTERS:
+        _DRAFTERS[key] = PromptLookup(ngram_min, ngram_max, trace.prompt_tokens + trace.tokens)
+    return _DRAFTERS[key]
+
+
+def effective_max_tokens(trace: Trace, override: int | None) -> int | None:
+    """The cap replay runs under: the trace's own, or a shorter one asked for."""
+    cap = trace.max_tokens
+    if override is None:
+        return cap
+    if override < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {override}")
+    if cap is not None and override > cap:
+        raise ConfigError(f"--max-tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
+    return override
+
+
+def run_trace(trace: Trace, config: PolicyConfig, max_tokens: int | None = None,
+              keep_rounds: bool = False) -> LoopResult:
+    """The loop over a trace, counters and action log; no timing."""
+    loop = config.loop
+    target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
+    drafter = drafter_for(trace, loop.ngram_min, loop.ngram_max)
+    return run(target, config.governor(), loop, trace.prompt_tokens, effective_max_tokens(trace, max_tokens),
+               drafter, keep_rounds=keep_rounds)
+
+
+def replay(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens: int | None = None,
+           jitter: float = 0.0, seed: int = 0, fast: bool = False) -> dict[str, Any]:
+    """One row: counters, simulated time, plain decoding's time and the speedup, with everything that produced them."""
+    profile.check_width(config.loop.max_draft + 1)
+    result = run_trace(trace, config, max_tokens)
+    c = result.counters
+    cap = effective_max_tokens(trace, max_tokens)
+    stopped_on_eos = cap is None or c.generated < cap
+    timer = fast_time if fast else simulate
+    prompt = len(trace.prompt_tokens)
+    time_ms = timer(result.actions, profile, prompt, jitter, seed).total_ms
+    plain_ms = timer(plain_actions(c.generated, stopped_on_eos), profile, prompt, jitter, seed).total_ms
+    return {
+        "trace": trace.name,
+        "trace_path": trace.path,
+        "trace_sha256": trace.sha256,
+        "policy": config.policy,
+        "params": config.settings(),
+        "profile": profile.as_dict(),
+        "max_tokens": cap,
+        "jitter": jitter,
+        "seed": seed,
+        "generated_tokens": c.generated,
+        **{k: v for k, v in c.as_dict().items() if k != "generated"},
+        "time_ms": time_ms,
+        "plain_time_ms": plain_ms,
+        "speedup": plain_ms / time_ms if time_ms > 0 else 1.0,
+        "tok_s": 1000.0 * c.generated / time_ms if time_ms > 0 else 0.0,
+        "plain_tok_s": 1000.0 * c.generated / plain_ms if plain_ms > 0 else 0.0,
+    }
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _policy_help() -> str:
+    lines = ["policies and their parameters (set with --set key=value; defaults = mlxcel's shipped values):"]
+    for name in sorted(REGISTRY):
+        params = describe(REGISTRY[name].Params)
+        lines.append(f"  {name}" + ("" if params else " (no parameters)"))
+        lines += [f"      {key} = {default!r}: {text}" for key, default, text in params]
+    lines.append("  loop parameters (every policy):")
+    lines += [f"      {key} = {default!r}: {text}" for key, default, text in describe(LoopParams)]
+    lines.append(f"bundled profiles: {', '.join(bundled_profiles())}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.replay",
+        description="Replay recorded decode traces under prompt-lookup governors and simulate their time "
+        "against plain decoding on a measured cost profile.",
+        epilog=_policy_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files (JSON Lines, format v1; see traces/README.md)")
+    parser.add_argument("--policy", default="gated",
+                        help="governor to replay under, optionally with settings: gated or gated:full_at=1.75 "
+                        "(default: gated, mlxcel's CUDA default)")
+    parser.add_argument("--compare", metavar="P1,P2,...",
+                        help="compare several policies side by side, e.g. off,fixed,graded,gated,heuristic "
+                        "(each may carry settings: gated:probation=any_token); replaces --policy")
+    parser.add_argument("--config", metavar="FILE", help="a policy configuration YAML ({policy, params}), e.g. a study's best.yaml; replaces --policy")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, metavar="NAME|PATH[,...]",
+                        help=f"cost profile(s): bundled name or YAML path, comma-separated for several (default: {DEFAULT_PROFILE})")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a policy or loop parameter, repeatable (see the list below)")
+    parser.add_argument("--max-draft", type=int, help="most tokens one round may propose (default 7)")
+    parser.add_argument("--ngram-min", type=int, help="shortest suffix the lookup matches (default 2)")
+    parser.add_argument("--ngram-max", type=int, help="longest suffix the lookup tries first (default 3)")
+    parser.add_argument("--max-tokens", type=int, help="stop generation earlier than the trace did (may only shorten it)")
+    parser.add_argument("--jitter", type=float, default=0.0,
+                        help="relative noise on every device and host time (lognormal sigma, e.g. 0.05; default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the jitter generator (default 0)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per trace, policy and profile (sorted keys)")
+    return parser
+
+
+def _configs(args: argparse.Namespace) -> list[PolicyConfig]:
+    settings = parse_assignments(args.settings)
+    for flag, key in (("max_draft", "max_draft"), ("ngram_min", "ngram_min"), ("ngram_max", "ngram_max")):
+        if getattr(args, flag) is not None:
+            settings[key] = getattr(args, flag)
+    if args.config:
+        base = load_config_file(args.config)
+        return [make_config(base.policy, {**base.settings(), **settings})]
+    variants = args.compare.split(",") if args.compare else [args.policy]
+    configs = []
+    for variant in variants:
+        name, own = split_variant(variant)
+        configs.append(make_config(name, {**settings, **own}))  # a variant's own settings win over --set
+    return configs
+
+
+def _human(row: dict[str, Any], label: str) -> str:
+    return (
+        f"{row['trace']} | {label} | {row['profile']['name']}\n"
+        f"[Prompt lookup] rounds={row['rounds']} drafted_rounds={row['drafted_rounds']} "
+        f"paused_rounds={row['paused_rounds']} proposed={row['proposed']} accepted={row['accepted']} "
+        f"acceptance_rate={row['acceptance_rate']:.2f} tokens_per_forward={row['tokens_per_forward']:.2f} "
+        f"shadow_confirmations={row['shadow_confirmations']}\n"
+        f"[Simulated] generated={row['generated_tokens']} time={row['time_ms']:.1f} ms "
+        f"({row['tok_s']:.1f} tok/s)  plain={row['plain_time_ms']:.1f} ms ({row['plain_tok_s']:.1f} tok/s)  "
+        f"speedup={row['speedup']:.3f}x"
+    )
+
+
+def _table(rows: list[dict[str, Any]], labels: list[str], profile: str) -> str:
+    width = max(12, *(len(label) + 2 for label in labels))
+    name_width = max(10, *(len(r["trace"]) for r in rows))
+    out = [f"Simulated speedup over plain decoding on {profile} (>1.00x = faster than plain; counters per policy with --json)"]
+    out.append(f"{'trace':<{name_width}} {'tokens':>6} " + "".join(f"{label:>{width}}" for label in labels))
+    by_trace: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_trace.setdefault(r["trace_path"], {})[r["label"]] = r
+    for cells in by_trace.values():
+        first = next(iter(cells.values()))
+        line = f"{first['trace']:<{name_width}} {first['generated_tokens']:>6} "
+        line += "".join(f"{cells[label]['speedup']:>{width - 1}.3f}x" for label in labels)
+        out.append(line)
+    means = [geomean([cells[label]["speedup"] for cells in by_trace.values()]) for label in labels]
+    worst = [min(cells[label]["speedup"] for cells in by_trace.values()) for label in labels]
+    out.append(f"{'geomean':<{name_width}} {'':>6} " + "".join(f"{m:>{width - 1}.3f}x" for m in means))
+    out.append(f"{'worst row':<{name_width}} {'':>6} " + "".join(f"{w:>{width - 1}.3f}x" for w in worst))
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        configs = _configs(args)
+        profiles = [load_profile(name.strip()) for name in args.profile.split(",")]
+        traces = [read_trace(path) for path in args.traces]
+        rows = []
+        labels = [config.label() for config in configs]
+        for profile in profiles:
+            for trace in traces:
+                for config, label in zip(configs, labels):
+                    row = replay(trace, config, profile, args.max_tokens, args.jitter, args.seed)
+                    rows.append({**row, "label": label})
+    except (TraceError, ProfileError, ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, sort_keys=True))
+    elif len(configs) > 1:
+        for profile in profiles:
+            print(_table([r for r in rows if r["profile"]["name"] == profile.name], labels, profile.name))
+            print()
+    else:
+        print("\n\n".join(_human(row, row["label"]) for row in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

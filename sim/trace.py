@@ -1,0 +1,256 @@
+"""Trace format v1: read, validate, write (JSON Lines, documented in traces/README.md).
+
+A trace is what one greedy decode run emitted: the prompt tokens, then every
+emitted token in order, and how the run stopped. Because verification is
+lossless, that is all a replay needs to answer "what would governor X have done".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+VERSION = 1
+STOPS = ("eos", "max_tokens")
+SOURCES = ("recorded", "reference", "synthetic")
+TOKEN_KEYS = ("type", "id", "margin", "top", "ms")
+# Replay's stand-in for EOS when a trace that stopped on EOS does not name its id.
+UNNAMED_EOS = -1
+
+
+class TraceError(ValueError):
+    """A trace file is not valid trace format v1; the message is `file:line: what was expected`."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    header: dict[str, Any]
+    tokens: tuple[int, ...]
+    margins: tuple[float | None, ...]  # top-1 minus top-2 logit per token, None where not recorded
+    rounds: tuple[dict[str, Any], ...] = ()
+    sha256: str = ""  # of the file's bytes: result files name the exact input
+    tops: tuple[Any, ...] = field(default=(), repr=False)
+    ms: tuple[float | None, ...] = field(default=(), repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.header.get("name") or Path(self.path).name.removesuffix(".partial").removesuffix(".jsonl")
+
+    @property
+    def prompt_tokens(self) -> tuple[int, ...]:
+        return tuple(self.header["prompt_tokens"])
+
+    @property
+    def stop(self) -> str:
+        return self.header["stop"]
+
+    @property
+    def eos_id(self) -> int:
+        ids = self.header.get("eos_token_ids") or [UNNAMED_EOS]
+        return ids[0]
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The run's token cap: len(tokens) when cut there, the header's cap (or None) after EOS."""
+        if self.stop == "max_tokens":
+            return len(self.tokens)
+        return self.header.get("max_tokens")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _fail(where: str, what: str) -> TraceError:
+    return TraceError(f"{where}: {what}")
+
+
+def _check_header(obj: dict, where: str) -> None:
+    if obj.get("version") != VERSION:
+        raise _fail(where, f"unknown trace version {obj.get('version')!r}; this reader knows version {VERSION}")
+    prompt = obj.get("prompt_tokens")
+    if not isinstance(prompt, list) or not all(_is_int(t) and t >= 0 for t in prompt):
+        raise _fail(where, "header needs 'prompt_tokens': a list of non-negative integer token ids")
+    if obj.get("stop") not in STOPS:
+        raise _fail(where, f"header needs 'stop': one of {', '.join(STOPS)} (got {obj.get('stop')!r})")
+    if "max_tokens" in obj and not (_is_int(obj["max_tokens"]) and obj["max_tokens"] > 0):
+        raise _fail(where, f"header 'max_tokens' must be a positive integer (got {obj['max_tokens']!r})")
+    eos = obj.get("eos_token_ids")
+    if eos is not None and (not isinstance(eos, list) or not eos or not all(_is_int(t) for t in eos)):
+        raise _fail(where, "header 'eos_token_ids' must be a non-empty list of integer token ids")
+    if "source" in obj and obj["source"] not in SOURCES:
+        raise _fail(where, f"header 'source' must be one of {', '.join(SOURCES)} (got {obj['source']!r})")
+    for key in ("name", "model", "tokenizer", "device"):
+        if key in obj and not isinstance(obj[key], str):
+            raise _fail(where, f"header '{key}' must be a string (got {obj[key]!r})")
+
+
+def _check_token(obj: dict, where: str) -> None:
+    unknown = sorted(set(obj) - set(TOKEN_KEYS))
+    if unknown:
+        raise _fail(where, f"unknown token key(s) {', '.join(unknown)}; allowed: {', '.join(TOKEN_KEYS)}")
+    if not (_is_int(obj.get("id")) and obj["id"] >= 0):
+        raise _fail(where, f"token line needs 'id': a non-negative integer (got {obj.get('id')!r})")
+    if "margin" in obj and not (_is_number(obj["margin"]) and obj["margin"] >= 0):
+        raise _fail(where, f"'margin' must be a finite number >= 0 (top-1 minus top-2 logit), got {obj['margin']!r}")
+    if "top" in obj:
+        top = obj["top"]
+        ok = isinstance(top, list) and all(
+            isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_number(p[1]) for p in top
+        )
+        if not ok:
+            raise _fail(where, "'top' must be a list of [token id, logit] pairs")
+    if "ms" in obj and not (_is_number(obj["ms"]) and obj["ms"] >= 0):
+        raise _fail(where, f"'ms' must be a finite number >= 0, got {obj['ms']!r}")
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate a trace; a `.partial` file (a recording cut short) keeps its complete lines."""
+    path = str(path)
+    partial = path.endswith(".partial")
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read ({err.strerror})") from None
+    lines = data.split(b"\n")
+    last_complete = len(lines) - 1  # text after the final newline is an unfinished line
+    if lines[-1] and partial:
+        warnings.warn(f"{path}:{len(lines)}: unfinished last line of a partial trace ignored", stacklevel=2)
+    elif lines[-1]:
+        raise _fail(f"{path}:{len(lines)}", "truncated last line (no newline at the end of the file)")
+    header: dict | None = None
+    tokens: list[int] = []
+    margins: list[float | None] = []
+    tops: list[Any] = []
+    ms: list[float | None] = []
+    rounds: list[dict] = []
+    for number, raw in enumerate(lines[:last_complete], start=1):
+        where = f"{path}:{number}"
+        if not raw.strip():
+            raise _fail(where, "blank line; expected one JSON object per line")
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise _fail(where, "not UTF-8") from None
+        except json.JSONDecodeError as err:
+            raise _fail(where, f"not valid JSON ({err.msg})") from None
+        if not isinstance(obj, dict):
+            raise _fail(where, "expected a JSON object")
+        kind = obj.get("type")
+        if number == 1 and kind != "header":
+            raise _fail(where, 'expected the header {"type": "header", "version": 1, ...} on the first line')
+        if kind == "header":
+            if header is not None:
+                raise _fail(where, "duplicate header; only the first line may be a header")
+            _check_header(obj, where)
+            header = obj
+        elif kind == "token":
+            _check_token(obj, where)
+            tokens.append(obj["id"])
+            margins.append(obj.get("margin"))
+            tops.append(obj.get("top"))
+            ms.append(obj.get("ms"))
+        elif kind == "round":
+            rounds.append(obj)
+        else:
+            raise _fail(where, f"unknown line type {kind!r}; expected header, token or round")
+    if header is None:
+        raise _fail(f"{path}:1", "empty file; expected a header line")
+    if not tokens:
+        raise _fail(f"{path}:{last_complete}", "a trace needs at least one token line")
+    cap = header.get("max_tokens")
+    if header["stop"] == "max_tokens" and cap is not None and cap != len(tokens):
+        raise _fail(f"{path}:1", f"stop is max_tokens but max_tokens={cap} differs from the {len(tokens)} token lines")
+    if header["stop"] == "eos" and cap is not None and cap <= len(tokens):
+        raise _fail(f"{path}:1", f"stop is eos after {len(tokens)} tokens, so max_tokens must exceed that (got {cap})")
+    return Trace(
+        path=path,
+        header=header,
+        tokens=tuple(tokens),
+        margins=tuple(margins),
+        rounds=tuple(rounds),
+        sha256=hashlib.sha256(data).hexdigest(),
+        tops=tuple(tops),
+        ms=tuple(ms),
+    )
+
+
+def token_line(token: int, margin: float | None = None, top: Any = None, ms: float | None = None) -> str:
+    """One token line, keys in a fixed order so that files are byte-identical run to run."""
+    obj: dict[str, Any] = {"type": "token", "id": token}
+    if margin is not None:
+        obj["margin"] = margin
+    if top is not None:
+        obj["top"] = top
+    if ms is not None:
+        obj["ms"] = ms
+    return json.dumps(obj, separators=(", ", ": ")) + "\n"
+
+
+def header_line(header: dict[str, Any]) -> str:
+    if "prompt_tokens" not in header or "stop" not in header:
+        raise ValueError("a trace header needs 'prompt_tokens' and 'stop'")
+    rest = {k: v for k, v in sorted(header.items()) if k not in ("type", "version")}
+    obj = {"type": "header", "version": VERSION, **rest}
+    _check_header(obj, "header")
+    return json.dumps(obj, ensure_ascii=False, separators=(", ", ": ")) + "\n"
+
+
+def write_trace(
+    path: str | os.PathLike,
+    header: dict[str, Any],
+    tokens: Sequence[int],
+    margins: Sequence[float | None] | None = None,
+    tops: Sequence[Any] | None = None,
+    ms: Sequence[float | None] | None = None,
+    rounds: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Write a trace atomically: a crash leaves either the old file or the new one, never half."""
+    n = len(tokens)
+    for label, column in (("margins", margins), ("tops", tops), ("ms", ms)):
+        if column is not None and len(column) != n:
+            raise ValueError(f"{label} has {len(column)} entries for {n} tokens")
+    parts = [header_line(header)]
+    for i, token in enumerate(tokens):
+        parts.append(
+            token_line(
+                token,
+                margins[i] if margins is not None else None,
+                tops[i] if tops is not None else None,
+                ms[i] if ms is not None else None,
+            )
+        )
+    for entry in rounds:
+        parts.append(json.dumps({"type": "round", **entry}, sort_keys=True, separators=(", ", ": ")) + "\n")
+    write_atomic(path, "".join(parts))
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text through a temporary file in the same folder, then rename it into place."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
