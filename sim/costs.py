@@ -10,6 +10,7 @@ host, for w = 1..W, in milliseconds. Derived:
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def bundled_profiles() -> list[str]:
 
 def resolve(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if name_or_path.strip() and (path.suffix in (".yaml", ".yml") or path.exists()):  # Path("") is the cwd
         if not path.is_file():
             raise ProfileError(f"{name_or_path}: no such profile file")
         return path
@@ -129,7 +130,8 @@ def load_profile(name_or_path: str) -> CostProfile:
 
 
 def _number(value: Any, where: str, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # YAML's .nan and .inf are floats, but would slip past every comparison below.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ProfileError(f"{where}: {what} must be a number of milliseconds, got {value!r}")
     return float(value)
 

@@ -78,7 +78,7 @@ def _fail(where: str, what: str) -> TraceError:
 
 
 def _check_header(obj: dict, where: str) -> None:
-    if obj.get("version") != VERSION:
+    if not _is_int(obj.get("version")) or obj["version"] != VERSION:  # true and 1.0 equal 1 in Python
         raise _fail(where, f"unknown trace version {obj.get('version')!r}; this reader knows version {VERSION}")
     prompt = obj.get("prompt_tokens")
     if not isinstance(prompt, list) or not all(_is_int(t) and t >= 0 for t in prompt):
@@ -160,6 +160,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
             header = obj
         elif kind == "token":
             _check_token(obj, where)
+            if obj["id"] in (header.get("eos_token_ids") or ()):  # a run stops at EOS, so replay would stop here too
+                raise _fail(where, f"token {obj['id']} is one of the header's eos_token_ids; EOS is never a token line")
             tokens.append(obj["id"])
             margins.append(obj.get("margin"))
             tops.append(obj.get("top"))
@@ -198,6 +200,7 @@ def token_line(token: int, margin: float | None = None, top: Any = None, ms: flo
         obj["top"] = top
     if ms is not None:
         obj["ms"] = ms
+    _check_token(obj, "token")  # never write what the reader would refuse
     return json.dumps(obj, separators=(", ", ": ")) + "\n"
 
 

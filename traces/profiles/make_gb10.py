@@ -22,6 +22,11 @@ from scipy.optimize import nnls
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference" / "gb10-2026-10-02"
 ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.costs import CostProfile  # noqa: E402
+from sim.des import fast_time, plain_actions  # noqa: E402
+
 MACHINE = "NVIDIA GB10 (DGX Spark, sm_121), CUDA 13.0, mlxcel 34c627d7-era release build, MLX 81ba1c6a"
 SOURCE = ("mlxcel (lablup/mlxcel, Apache-2.0) docs/benchmark_results/data/prompt-lookup-governor-gb10-2026-10-02/"
           "verify_width_cost.txt (examples/verify_width_cost, median of 40 rounds after a 300-token prompt), PR #2092")
@@ -49,28 +54,32 @@ def prompt_tokens(trace: str) -> int:
     return len(header["prompt_tokens"])
 
 
-def fit_prefill(model: str, pipelined: float, host_gap: float) -> tuple[float, float]:
+def fit_prefill(model: str, pipelined: float, sync: list[float]) -> tuple[float, float]:
     """Non-negative least squares of prefill = a + b * prompt_tokens over the plain rows of the matrix.
 
-    The plain arm's whole-call time is prefill + (N-1)*P + g (DESIGN §6). The story rows
-    are left out: over 600-800 tokens the per-step cost drifts up with context length,
-    which this constant-P model would wrongly book as prefill.
+    Each plain row's whole-call time minus what the timing model charges plain
+    decoding after prefill (sim.des, pipelined from the first step, stopped on EOS
+    as every fitted row did) is that row's prefill. The story rows are left out:
+    over 600-800 tokens the per-step cost drifts up with context length, which
+    this constant-P model would wrongly book as prefill.
     """
+    no_prefill = CostProfile(name=model, pipelined_ms=pipelined, sync_ms=tuple(sync))
     xs, ys = [], []
     with (REFERENCE / "matrix-run1-probation-on-any-token.csv").open() as f:
         for row in csv.DictReader(f):
             if row["model"] != model or row["arm"] != "plain" or row["prompt"] not in PROMPTS:
                 continue
             n = int(row["tokens"])
+            assert n < int(row["max_tokens"]), "a fitted row must have stopped on EOS"
             whole_ms = 1000.0 * n / float(row["median_tok_s"])
-            ys.append(whole_ms - (n - 1) * pipelined - host_gap)
+            ys.append(whole_ms - fast_time(plain_actions(n, stops_on_eos=True), no_prefill, 0).total_ms)
             xs.append(prompt_tokens(PROMPTS[row["prompt"]]))
     (fixed, per_token), _ = nnls(np.column_stack([np.ones(len(xs)), xs]), np.array(ys))
     return round(float(fixed), 3), round(float(per_token), 5)
 
 
 def render(model: str, pipelined: float, sync: list[float]) -> str:
-    fixed, per_token = fit_prefill(model, pipelined, sync[0] - pipelined)
+    fixed, per_token = fit_prefill(model, pipelined, sync)
     doc = {
         "name": f"gb10-{model}",
         "model": model,

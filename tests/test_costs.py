@@ -1,0 +1,175 @@
+"""Cost profiles (sim/costs.py, DESIGN §6): the bundled GB10 profiles hold the measured numbers, the host gap and
+device times derive from them, and every invalid profile is a ProfileError naming the file and the problem."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from sim.costs import BUNDLED, DEFAULT_PROFILE, ProfileError, bundled_profiles, load_profile, profile_from_dict
+
+REFERENCE = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "verify_width_cost.txt"
+
+
+def _reference_numbers() -> dict[str, tuple[float, list[float]]]:
+    """model -> (P, [S(1), S(2), ...]) as printed by mlxcel's examples/verify_width_cost."""
+    models: dict[str, tuple[float, list[float]]] = {}
+    for line in REFERENCE.read_text().splitlines():
+        if m := re.fullmatch(r"## (\S+)", line):
+            model = m.group(1)
+            models[model] = (0.0, [])
+        elif m := re.fullmatch(r"pipelined step: ([\d.]+) ms", line):
+            models[model] = (float(m.group(1)), models[model][1])
+        elif m := re.match(r"sync width +(\d+): ([\d.]+) ms", line):
+            assert int(m.group(1)) == len(models[model][1]) + 1
+            models[model][1].append(float(m.group(2)))
+    return models
+
+
+def test_four_bundled_profiles_match_the_reference_measurements():
+    """Each bundled GB10 profile has exactly P and S(1..10) of verify_width_cost.txt for its model, and names it."""
+    reference = _reference_numbers()
+    assert bundled_profiles() == sorted(f"gb10-{model}" for model in reference)
+    assert DEFAULT_PROFILE in bundled_profiles()
+    for model, (pipelined, sync) in reference.items():
+        profile = load_profile(f"gb10-{model}")
+        assert profile.name == f"gb10-{model}"
+        assert profile.pipelined_ms == pipelined
+        assert profile.sync_ms == tuple(sync)
+        assert profile.max_width == 10 and profile.extend == "error"
+        assert "verify_width_cost.txt" in profile.meta["source"] and profile.meta["model"] == model
+        assert profile.prefill_fixed_ms > 0 and profile.prefill_per_token_ms > 0
+
+
+def test_qwen3_8b_numbers():
+    """Spot check against the text itself: qwen3-8b-4bit has P = 18.998 ms, S(1) = 20.397 ms, S(8) = 62.687 ms."""
+    profile = load_profile("gb10-qwen3-8b-4bit")
+    assert (profile.pipelined_ms, profile.sync(1), profile.sync(8)) == (18.998, 20.397, 62.687)
+    assert profile.host_gap == pytest.approx(1.399, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", bundled_profiles())
+def test_host_gap_and_device_times(name):
+    """g = S(1) - P, d(w) = S(w) - g, so d(1) = P and d(w) + g = S(w) for every measured width."""
+    profile = load_profile(name)
+    assert profile.host_gap == profile.sync_ms[0] - profile.pipelined_ms
+    assert 0 < profile.host_gap < profile.pipelined_ms  # on GB10 the host gap hides under a pipelined step
+    assert profile.device(1) == pytest.approx(profile.pipelined_ms, rel=1e-12)
+    for width in range(1, profile.max_width + 1):
+        assert profile.device(width) == profile.sync(width) - profile.host_gap
+        assert profile.device(width) + profile.host_gap == pytest.approx(profile.sync_ms[width - 1], rel=1e-12)
+
+
+def test_load_by_path_equals_load_by_name():
+    """A bundled profile loaded by its file path is the same profile, with the sha256 of the file."""
+    by_name = load_profile(DEFAULT_PROFILE)
+    by_path = load_profile(str(BUNDLED / f"{DEFAULT_PROFILE}.yaml"))
+    assert by_name == by_path
+    assert len(by_name.sha256) == 64
+
+
+def test_prefill_is_fixed_plus_per_prompt_token():
+    """prefill_ms(n) = fixed_ms + per_prompt_token_ms * n; absent prefill costs nothing."""
+    prefill = {"fixed_ms": 30, "per_prompt_token_ms": 0.5}
+    profile = profile_from_dict({"pipelined_ms": 10, "sync_ms": [12], "prefill": prefill}, "x")
+    assert profile.prefill_ms(0) == 30.0 and profile.prefill_ms(100) == 80.0
+    assert profile_from_dict({"pipelined_ms": 10, "sync_ms": [12]}, "x").prefill_ms(500) == 0.0
+
+
+def test_width_beyond_the_table_is_an_error():
+    """Asking a profile for a width it did not measure is a ProfileError that says how to avoid it."""
+    profile = load_profile(DEFAULT_PROFILE)
+    with pytest.raises(ProfileError, match=r"measures widths 1\.\.10, a round of width 11 .*extend: flat"):
+        profile.sync(11)
+    with pytest.raises(ProfileError):
+        profile.device(12)
+    with pytest.raises(ProfileError):
+        profile.check_width(11)
+    profile.check_width(10)
+
+
+def test_extend_flat_uses_the_widest_measured_cost():
+    """With `extend: flat` a width beyond the table costs what the widest measured width costs."""
+    profile = profile_from_dict({"pipelined_ms": 10, "sync_ms": [12, 14, 20], "extend": "flat"}, "x")
+    assert profile.sync(4) == profile.sync(100) == 20
+    assert profile.device(9) == 20 - 2
+
+
+def test_width_below_one_is_rejected():
+    """Width 0 is not a forward."""
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        load_profile(DEFAULT_PROFILE).sync(0)
+
+
+GOOD = {"pipelined_ms": 10.0, "sync_ms": [12.0, 15.0]}
+BAD_PROFILES = [
+    ("unknown key", {**GOOD, "pipelined": 3}, "unknown key(s) pipelined; allowed: name, pipelined_ms, sync_ms"),
+    ("missing P", {"sync_ms": [12.0]}, "missing 'pipelined_ms'"),
+    ("missing S", {"pipelined_ms": 10.0}, "missing 'sync_ms'"),
+    ("P a string", {**GOOD, "pipelined_ms": "fast"}, "pipelined_ms must be a number of milliseconds, got 'fast'"),
+    ("P a bool", {**GOOD, "pipelined_ms": True}, "pipelined_ms must be a number"),
+    ("S entry a string", {**GOOD, "sync_ms": [12.0, "x"]}, "sync_ms[1] (width 2) must be a number"),
+    ("S entry null", {**GOOD, "sync_ms": [None]}, "sync_ms[0] (width 1) must be a number"),
+    ("S not a list", {**GOOD, "sync_ms": 12.0}, "sync_ms must be a list"),
+    ("S empty", {**GOOD, "sync_ms": []}, "sync_ms must be a list"),
+    ("P NaN", {**GOOD, "pipelined_ms": float("nan")}, "pipelined_ms must be a number"),
+    ("S infinite", {**GOOD, "sync_ms": [12.0, float("inf")]}, "sync_ms[1] (width 2) must be a number"),
+    ("S(1) below P", {"pipelined_ms": 10.0, "sync_ms": [9.5, 15.0]}, "S(1)=9.5 ms is below P=10.0 ms"),
+    ("P zero", {"pipelined_ms": 0, "sync_ms": [1.0]}, "must be positive"),
+    ("device time not positive", {"pipelined_ms": 2.0, "sync_ms": [12.0, 5.0]},
+     "d(w) = S(w) - (S(1) - P) must be positive"),
+    ("extend unknown", {**GOOD, "extend": "linear"}, "extend must be one of error, flat, got 'linear'"),
+    ("prefill unknown key", {**GOOD, "prefill": {"ms": 3}}, "prefill must be a mapping with keys among fixed_ms"),
+    ("prefill not a number", {**GOOD, "prefill": {"fixed_ms": "x"}}, "prefill.fixed_ms must be a number"),
+    ("not a mapping", [10.0, 12.0], "expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("case, raw, fragment", BAD_PROFILES, ids=[c[0] for c in BAD_PROFILES])
+def test_bad_profile_is_a_profile_error_naming_the_file(tmp_path, case, raw, fragment):
+    """Each invalid profile file fails to load with a one-line ProfileError `FILE: problem`."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    assert fragment in message, message
+    assert "\n" not in message
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    """A profile that is not YAML is reported with its file and line."""
+    path = tmp_path / "p.yaml"
+    path.write_text("pipelined_ms: 10\nsync_ms: [12, 14\n")
+    with pytest.raises(ProfileError, match=rf"^{re.escape(str(path))}:\d+: not valid YAML"):
+        load_profile(str(path))
+
+
+def test_unknown_profile_name_lists_the_bundled_ones():
+    """A name that is neither a bundled profile nor a file lists every bundled profile."""
+    with pytest.raises(ProfileError) as info:
+        load_profile("gb10-qwen9")
+    message = str(info.value)
+    assert message.startswith("unknown profile 'gb10-qwen9'; bundled: ")
+    for name in bundled_profiles():
+        assert name in message
+
+
+def test_missing_profile_file(tmp_path):
+    """A YAML path that does not exist is a ProfileError naming it."""
+    path = tmp_path / "none.yaml"
+    with pytest.raises(ProfileError, match=rf"^{re.escape(str(path))}: no such profile file"):
+        load_profile(str(path))
+
+
+def test_bundled_profiles_match_their_generator():
+    """`traces/profiles/make_gb10.py --check` regenerates all four profiles unchanged (exit 0)."""
+    done = subprocess.run([sys.executable, "traces/profiles/make_gb10.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

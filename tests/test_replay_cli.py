@@ -1,0 +1,223 @@
+"""The replay command line (`python -m sim.replay`, issue 2 item 8): bad input is one `error: ...` line and exit code
+2, `--json` is byte-identical run to run and carries every promised key, and `--compare`, `--max-tokens`, `--config`
+and several profiles do what their help says."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl
+
+from sim.config import make_config
+from sim.costs import DEFAULT_PROFILE, bundled_profiles, load_profile
+from sim.replay import build_parser, main, replay
+from sim.trace import read_trace
+
+EMAIL = str(ROOT / "traces" / "email.jsonl")
+JSON_KEYS = {"trace", "policy", "params", "profile", "generated_tokens", "rounds", "drafted_rounds", "paused_rounds",
+             "proposed", "accepted", "acceptance_rate", "tokens_per_forward", "shadow_confirmations", "time_ms",
+             "plain_time_ms", "speedup"}
+POLICIES = "off,fixed,graded,gated,heuristic"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim.replay", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _json_rows(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+# --------------------------------------------------------------- bad input
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """case -> (arguments, fragments the one error line must contain); the files are made by `bad_inputs`."""
+    broken, cut, missing = tmp_path / "broken.jsonl", tmp_path / "cut.jsonl", str(tmp_path / "missing.jsonl")
+    return {
+        "missing trace file": ([missing], [f"{missing}: no such trace file"]),
+        "bad trace line": ([str(broken)], [f"{broken}:3: ", "'id'"]),
+        "unknown policy": ([EMAIL, "--policy", "gatd"],
+                           ["unknown policy 'gatd'", "fixed, gated, graded, heuristic, off"]),
+        "unknown policy in --compare": ([EMAIL, "--compare", "off,nope"], ["unknown policy 'nope'"]),
+        "unknown --set key": ([EMAIL, "--set", "fullat=2"],
+                              ["unknown parameter(s) fullat", "full_at", "max_draft", "ngram_min"]),
+        "bad --set value": ([EMAIL, "--set", "full_at=high"], ["full_at must be float, got 'high'"]),
+        "bad --set choice": ([EMAIL, "--set", "probation=never"], ["probation must be one of whole_narrow, any_token"]),
+        "--set without =": ([EMAIL, "--set", "full_at"], ["expected key=value, got 'full_at'"]),
+        "unknown profile": ([EMAIL, "--profile", "gb10-nope"], ["unknown profile 'gb10-nope'", *bundled_profiles()]),
+        "empty profile name": ([EMAIL, "--profile", f"{DEFAULT_PROFILE},"], ["unknown profile ''; bundled: "]),
+        "missing profile file": ([EMAIL, "--profile", str(tmp_path / "p.yaml")], ["p.yaml: no such profile file"]),
+        "--max-tokens past the cap": ([EMAIL, "--max-tokens", "401"],
+                                      ["--max-tokens may only shorten", "max_tokens=400"]),
+        "--max-tokens past a cut trace": ([str(cut), "--max-tokens", "6"], ["may only shorten", "max_tokens=5"]),
+        "--max-tokens zero": ([EMAIL, "--max-tokens", "0"], ["--max-tokens must be >= 1"]),
+        "width beyond the profile": ([EMAIL, "--max-draft", "10"], ["width 11", "lower max_draft"]),
+        "width beyond via --set": ([EMAIL, "--set", "max_draft=12"], ["width 13"]),
+        "bad ngram bounds": ([EMAIL, "--ngram-min", "3", "--ngram-max", "2"], ["ngram_min"]),
+        "missing config file": ([EMAIL, "--config", str(tmp_path / "best.yaml")], ["best.yaml: no such config file"]),
+        "negative jitter": ([EMAIL, "--jitter", "-0.1"], ["jitter must be >= 0"]),
+    }
+
+
+BAD_IDS = list(_bad_inputs(Path("tmp")))
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    """The bad-input cases, with their trace files written: one with a bad id on line 3, one cut at 5 tokens."""
+    (tmp_path / "broken.jsonl").write_text(jsonl(HEADER, {"type": "token", "id": 4}, {"type": "token", "id": 4.5}))
+    cut = [{"type": "token", "id": i} for i in range(5)]
+    (tmp_path / "cut.jsonl").write_text(jsonl({**HEADER, "stop": "max_tokens"}, *cut))
+    return _bad_inputs(tmp_path)
+
+
+@pytest.mark.parametrize("case", BAD_IDS)
+def test_bad_input_is_one_error_line_and_exit_2(capsys, bad_inputs, case):
+    """Each bad input of issue 2 item 8 prints exactly one `error: ...` line on stderr, nothing on stdout, exit 2."""
+    args, fragments = bad_inputs[case]
+    code, out, err = _main(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ") and err.endswith("\n") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+@pytest.mark.parametrize("case", ["missing trace file", "unknown --set key", "width beyond the profile"])
+def test_bad_input_as_a_process_has_no_traceback(bad_inputs, case):
+    """Run as `python -m sim.replay`, bad input exits with status 2 and one error line, never a traceback."""
+    args, fragments = bad_inputs[case]
+    done = _cli(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert all(fragment in done.stderr for fragment in fragments)
+
+
+# --------------------------------------------------------------- output
+
+
+def test_json_is_byte_identical_across_runs_and_has_every_key():
+    """`--json` prints one sorted-keys object per trace and policy, the same bytes in two separate processes."""
+    args = [*map(str, BUNDLED_TRACES), "--compare", POLICIES, "--json"]
+    first, second = _cli(*args), _cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    rows = _json_rows(first.stdout)
+    assert len(rows) == len(BUNDLED_TRACES) * 5
+    for row in rows:
+        assert JSON_KEYS <= set(row), JSON_KEYS - set(row)
+        assert row["speedup"] == row["plain_time_ms"] / row["time_ms"]
+        assert row["profile"]["name"] == DEFAULT_PROFILE
+        assert row["accepted"] <= row["proposed"]
+    assert {(r["trace"], r["policy"]) for r in rows} == {
+        (p.stem, policy) for p in BUNDLED_TRACES for policy in POLICIES.split(",")}
+
+
+def test_json_row_equals_the_replay_function(capsys):
+    """The CLI's row is `sim.replay.replay`'s row for the same trace, configuration and profile."""
+    code, out, _ = _main(capsys, EMAIL, "--policy", "graded", "--json")
+    assert code == 0
+    (row,) = _json_rows(out)
+    expected = replay(read_trace(EMAIL), make_config("graded", {}), load_profile(DEFAULT_PROFILE))
+    assert row == json.loads(json.dumps({**expected, "label": "graded"}))
+    assert row["params"]["max_draft"] == 7 and row["params"]["ngram_min"] == 2 and row["params"]["ngram_max"] == 3
+
+
+def test_human_output_reads_like_mlxcel(capsys):
+    """Without --json, each run prints mlxcel's `[Prompt lookup]` line plus simulated time, plain time and speedup."""
+    code, out, _ = _main(capsys, EMAIL, "--policy", "gated")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == f"email | gated | {DEFAULT_PROFILE}"
+    assert lines[1].startswith("[Prompt lookup] rounds=") and "shadow_confirmations=" in lines[1]
+    assert lines[2].startswith("[Simulated] generated=125 ") and " plain=" in lines[2] and "speedup=" in lines[2]
+
+
+def test_compare_prints_a_table_with_a_row_per_trace_and_a_geomean(capsys):
+    """`--compare` prints one column per policy, one row per trace (speedup as in --json), and a geomean row."""
+    traces = [*map(str, BUNDLED_TRACES)]
+    code, out, _ = _main(capsys, *traces, "--compare", POLICIES)
+    assert code == 0
+    lines = out.splitlines()
+    assert DEFAULT_PROFILE in lines[0]
+    assert lines[1].split() == ["trace", "tokens", *POLICIES.split(",")]
+    by_name = {line.split()[0]: line.split() for line in lines[2:] if line.strip()}
+    assert set(by_name) >= {p.stem for p in BUNDLED_TRACES} | {"geomean"}
+    gated = replay(read_trace(EMAIL), make_config("gated", {}), load_profile(DEFAULT_PROFILE))
+    assert by_name["email"][1] == str(gated["generated_tokens"])
+    assert by_name["email"][2 + 3] == f"{gated['speedup']:.3f}x"
+    assert len(by_name["geomean"]) == 1 + 5
+
+
+def test_max_tokens_shortens_a_run(capsys):
+    """`--max-tokens N` cuts every run at N tokens (no EOS), which changes the counters and the time."""
+    _, full, _ = _main(capsys, EMAIL, "--json")
+    _, cut, _ = _main(capsys, EMAIL, "--json", "--max-tokens", "40")
+    (full_row,), (cut_row,) = _json_rows(full), _json_rows(cut)
+    assert (full_row["generated_tokens"], cut_row["generated_tokens"]) == (125, 40)
+    assert cut_row["max_tokens"] == 40
+    assert cut_row["rounds"] < full_row["rounds"] and cut_row["time_ms"] < full_row["time_ms"]
+
+
+def test_config_file_sets_policy_and_parameters(capsys, tmp_path):
+    """`--config FILE` with `{policy, params}` replays that configuration; --set still overrides it."""
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump({"policy": "gated", "params": {"full_at": 1.75, "max_draft": 5}}))
+    code, out, _ = _main(capsys, EMAIL, "--config", str(path), "--json")
+    assert code == 0
+    (row,) = _json_rows(out)
+    assert row["policy"] == "gated" and row["params"]["full_at"] == 1.75 and row["params"]["max_draft"] == 5
+    expected = replay(read_trace(EMAIL), make_config("gated", {"full_at": 1.75, "max_draft": 5}),
+                      load_profile(DEFAULT_PROFILE))
+    assert row == json.loads(json.dumps({**expected, "label": row["label"]}))
+    _, out, _ = _main(capsys, EMAIL, "--config", str(path), "--set", "max_draft=3", "--json")
+    assert _json_rows(out)[0]["params"]["max_draft"] == 3
+
+
+def test_bad_config_file_is_an_error_line(capsys, tmp_path):
+    """A config file naming an unknown parameter fails with the file and the allowed keys, exit 2."""
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump({"policy": "gated", "params": {"fullat": 1.75}}))
+    code, _, err = _main(capsys, EMAIL, "--config", str(path))
+    assert code == 2 and err.startswith(f"error: {path}: unknown parameter(s) fullat") and err.count("\n") == 1
+
+
+def test_several_profiles_give_rows_for_each(capsys):
+    """`--profile a,b` replays every trace under both profiles: JSON rows for each, and one table per profile."""
+    a, b = bundled_profiles()[:2]
+    _, out, _ = _main(capsys, EMAIL, str(BUNDLED_TRACES[0]), "--profile", f"{a},{b}", "--json")
+    rows = _json_rows(out)
+    assert [r["profile"]["name"] for r in rows] == [a, a, b, b]
+    assert rows[0]["time_ms"] != rows[2]["time_ms"]
+    _, table, _ = _main(capsys, EMAIL, "--profile", f"{a},{b}", "--compare", "off,gated")
+    headers = [line for line in table.splitlines() if line.startswith("Simulated speedup")]
+    assert len(headers) == 2 and a in headers[0] and b in headers[1]
+
+
+def test_profile_by_path(capsys):
+    """A profile can be given as a YAML path; the row names the profile and its file's sha256."""
+    path = ROOT / "traces" / "profiles" / f"{DEFAULT_PROFILE}.yaml"
+    _, by_path, _ = _main(capsys, EMAIL, "--profile", str(path), "--json")
+    _, by_name, _ = _main(capsys, EMAIL, "--json")
+    assert by_path == by_name
+
+
+def test_every_flag_has_help():
+    """Every command-line option carries help text."""
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
