@@ -173,11 +173,15 @@ def run(
             token = target.read()
             actions.append(READ)
             if target.is_eos(token):
+                if log is not None:
+                    log.append(_entry(kind, 1, budget, proposal, 0, 0, paused, probe_made, confirmed, governor,
+                                      len(actions)))
                 break
             context.append(token)
             emitted += 1
             if log is not None:
-                log.append(_entry(kind, 1, budget, proposal, 0, 1, paused, probe_made, confirmed, governor))
+                log.append(_entry(kind, 1, budget, proposal, 0, 1, paused, probe_made, confirmed, governor,
+                                  len(actions)))
             continue
 
         # 6. Nothing to verify after a streak of plain rounds (or while probing): pipeline a plain step.
@@ -190,7 +194,8 @@ def run(
             c.paused_rounds += paused
             in_flight = True
             if log is not None:
-                log.append(_entry(STEP, 1, budget, proposal, 0, 0, paused, probe_made, confirmed, governor))
+                log.append(_entry(STEP, 1, budget, proposal, 0, 0, paused, probe_made, confirmed, governor,
+                                  len(actions)))
             continue
 
         # 7. Verify synchronously: forward [current] + proposal and walk the slots in order.
@@ -223,7 +228,7 @@ def run(
             c.paused_rounds += paused
         if log is not None:
             log.append(_entry(len(proposal) + 1, len(proposal) + 1, budget, proposal, accepted, landed, paused,
-                              probe_made, confirmed, governor))
+                              probe_made, confirmed, governor, len(actions)))
         if eos:
             break
 
@@ -232,10 +237,16 @@ def run(
 
 
 def _entry(action: int, width: int, budget: int, proposal: list[int], accepted: int, emitted: int, paused: bool,
-           probe_made: bool, confirmed: bool | None, governor: Governor) -> dict[str, Any]:
-    """One iteration of the loop, for round-by-round logs."""
+           probe_made: bool, confirmed: bool | None, governor: Governor, actions_end: int) -> dict[str, Any]:
+    """One iteration of the loop, for round-by-round logs (sim/rounds.py adds the time).
+
+    `actions_end` is the length of the action log after this iteration: the iteration's own actions run from the
+    previous entry's `actions_end` up to it, which is how its host times are found. The iteration that reads EOS
+    is logged too (emitted 0), so the entries cover every action and every counted round.
+    """
     return {
         "action": action,
+        "actions_end": actions_end,
         "width": width if action != READ else 0,
         "budget": budget,
         "proposal_len": len(proposal),

@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from policies import REGISTRY, ConfigError, describe
@@ -19,7 +20,8 @@ from sim.costs import DEFAULT_PROFILE, CostProfile, ProfileError, bundled_profil
 from sim.des import fast_time, plain_actions, simulate
 from sim.lookup import PromptLookup
 from sim.loop import LoopParams, LoopResult, TraceTarget, run
-from sim.trace import Trace, TraceError, read_trace
+from sim.rounds import Run, rounds_text, timed_rounds
+from sim.trace import Trace, TraceError, read_trace, write_atomic
 
 _DRAFTERS: dict[tuple[str, int, int], PromptLookup] = {}
 
@@ -86,6 +88,20 @@ def replay(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens:
     }
 
 
+def replay_rounds(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens: int | None = None,
+                  jitter: float = 0.0, seed: int = 0, fast: bool = False) -> Run:
+    """`replay`'s row plus one record per loop iteration, timed by the same model (sim/rounds.py)."""
+    row = replay(trace, config, profile, max_tokens, jitter, seed, fast)
+    result = run_trace(trace, config, max_tokens, keep_rounds=True)
+    cap = effective_max_tokens(trace, max_tokens)
+    stopped_on_eos = cap is None or result.counters.generated < cap
+    records = timed_rounds(result, profile, len(trace.prompt_tokens), stopped_on_eos, jitter, seed, fast)
+    # The loop and the timing model are deterministic, so the rerun must land on the row's numbers exactly.
+    if records and (records[-1]["end_ms"], records[-1]["plain_ms"]) != (row["time_ms"], row["plain_time_ms"]):
+        raise RuntimeError(f"{trace.path}: round records and the replay row disagree on the simulated time")
+    return Run(row, records)
+
+
 def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -133,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative noise on every device and host time (lognormal sigma, e.g. 0.05; default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the jitter generator (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per trace, policy and profile (sorted keys)")
+    parser.add_argument("--rounds-out", metavar="FILE.jsonl",
+                        help="also write every run round by round: per run a 'run' line (the --json row) followed "
+                        "by one 'round' line per loop iteration (fields: traces/README.md); plot with python -m sim.plot")
     return parser
 
 
@@ -185,21 +204,46 @@ def _table(rows: list[dict[str, Any]], labels: list[str], profile: str) -> str:
     return "\n".join(out)
 
 
+def _check_rounds_out(path: str | None, traces: list[str]) -> None:
+    """Refuse, before any work, a rounds file that would overwrite an input trace or land in a folder that is not there."""
+    if path is None:
+        return
+    target = Path(path).resolve()
+    if any(Path(trace).resolve() == target for trace in traces):
+        raise ConfigError(f"--rounds-out {path} is one of the input traces; choose another file")
+    if target.is_dir():
+        raise ConfigError(f"--rounds-out {path} is a folder; give a file name such as {Path(path) / 'rounds.jsonl'}")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--rounds-out {path}: folder {target.parent} does not exist")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         configs = _configs(args)
         profiles = [load_profile(name.strip()) for name in args.profile.split(",")]
         traces = [read_trace(path) for path in args.traces]
+        _check_rounds_out(args.rounds_out, args.traces)
         rows = []
+        runs = []
         labels = [config.label() for config in configs]
         for profile in profiles:
             for trace in traces:
                 for config, label in zip(configs, labels):
-                    row = replay(trace, config, profile, args.max_tokens, args.jitter, args.seed)
+                    if args.rounds_out:
+                        run = replay_rounds(trace, config, profile, args.max_tokens, args.jitter, args.seed)
+                        runs.append(Run({**run.row, "label": label}, run.rounds))
+                        row = run.row
+                    else:
+                        row = replay(trace, config, profile, args.max_tokens, args.jitter, args.seed)
                     rows.append({**row, "label": label})
+        if args.rounds_out:
+            write_atomic(args.rounds_out, rounds_text(runs))
     except (TraceError, ProfileError, ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: cannot write {args.rounds_out}: {err.strerror or err}", file=sys.stderr)
         return 2
     if args.json:
         for row in rows:

@@ -1,0 +1,244 @@
+"""Round-by-round records: a replay's loop log joined with the timing model's host clock (traces/README.md).
+
+`sim/loop.py` logs every loop iteration (`keep_rounds=True`), each with the
+length of the action log after it; `sim/des.py` gives the host clock after
+every action (`keep_host_times=True`). Joined, every iteration gets a simulated
+start and end time, the cumulative tokens and time, and plain decoding's time
+at the same token count, so "where does this policy lose time?" becomes a
+column. A rounds file (`python -m sim.replay ... --rounds-out FILE.jsonl`)
+holds, per run, the replay row as a `run` line and then that run's `round`
+lines; `read_rounds` reads it back.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sim.costs import CostProfile
+from sim.des import Timing, fast_time, plain_actions, simulate
+from sim.loop import READ, STEP, LoopResult
+
+
+# What sim.plot and the notebooks read from each line; a line without one of these is not from --rounds-out.
+RUN_KEYS = ("trace", "policy", "profile", "generated_tokens", "rounds", "drafted_rounds", "paused_rounds", "proposed",
+            "accepted", "shadow_confirmations", "time_ms", "plain_time_ms", "speedup")
+ROUND_KEYS = ("index", "kind", "actions", "round", "drafted", "width", "budget", "proposal_len", "accepted", "emitted",
+              "first_token", "paused", "probe_made", "probe_settled", "shadow_confirmed", "governor", "start_ms",
+              "end_ms", "tokens", "plain_ms", "ahead_ms", "gain_ms")
+
+
+class RoundsError(ValueError):
+    """A rounds file that cannot be read; the message is `file:line: what was expected`."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a rounds file: the replay row (`run` line) and its round records."""
+
+    row: dict[str, Any]
+    rounds: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        return self.row.get("label") or self.row["policy"]
+
+
+def _kind(action: int) -> str:
+    if action == STEP:
+        return "step"
+    if action == READ:
+        return "read"
+    return "sync"
+
+
+def plain_token_times(timing: Timing, actions: Sequence[int]) -> list[float]:
+    """Plain decoding's host clock when it had emitted n tokens, at index n-1 (prefill emits token 1)."""
+    times = [timing.prefill_ms]
+    times += [t for action, t in zip(actions, timing.host_ms) if action == READ]
+    return times
+
+
+def round_records(result: LoopResult, timing: Timing, plain: Timing, plain_acts: Sequence[int]) -> list[dict[str, Any]]:
+    """One record per loop iteration of `result` (run with keep_rounds), timed by `timing` (with host times).
+
+    `plain` and `plain_acts` are plain decoding's timing (with host times) and action log for the same tokens.
+    The last record's `plain_ms` is plain decoding's total (its read of EOS included, when the run stopped on
+    one), so the last `ahead_ms` is exactly plain time minus policy time.
+    """
+    if result.rounds_log is None:
+        raise ValueError("round_records needs a LoopResult from run(..., keep_rounds=True)")
+    if len(timing.host_ms) != len(result.actions):
+        raise ValueError("round_records needs a Timing from keep_host_times=True over the same action log")
+    plain_times = plain_token_times(plain, plain_acts)
+    records: list[dict[str, Any]] = []
+    begin = 0  # first action of the current iteration
+    clock = timing.prefill_ms
+    tokens = 1  # prefill emitted the first token
+    ahead = 0.0
+    last = len(result.rounds_log) - 1
+    for index, entry in enumerate(result.rounds_log):
+        end = entry["actions_end"]
+        acts = result.actions[begin:end]
+        tokens += entry["emitted"]
+        end_ms = timing.host_ms[end - 1]
+        plain_ms = plain.total_ms if index == last else plain_times[tokens - 1]
+        drafted = acts[0] >= 1 and entry["proposal_len"] > 0
+        records.append({
+            "index": index,
+            "kind": _kind(acts[0]),
+            "actions": list(acts),
+            "round": acts[0] != READ,  # a forward: what mlxcel counts in rounds=
+            "drafted": drafted,
+            "width": entry["width"],
+            "budget": entry["budget"],
+            "proposal_len": entry["proposal_len"],
+            "accepted": entry["accepted"],
+            "emitted": entry["emitted"],
+            "first_token": tokens - entry["emitted"],  # reply index (0-based) of the first token emitted here
+            "paused": entry["paused"],
+            "probe_made": entry["probe_made"],
+            "probe_settled": entry["probe_settled"],
+            "shadow_confirmed": entry["shadow_confirmed"],
+            "governor": entry["governor"],
+            "start_ms": clock,
+            "end_ms": end_ms,
+            "tokens": tokens,
+            "plain_ms": plain_ms,
+            "ahead_ms": plain_ms - end_ms,
+            "gain_ms": (plain_ms - end_ms) - ahead,
+        })
+        begin, clock, ahead = end, end_ms, plain_ms - end_ms
+    if begin != len(result.actions):
+        raise ValueError(f"the round log covers {begin} of {len(result.actions)} actions")
+    return records
+
+
+def timed_rounds(result: LoopResult, profile: CostProfile, prompt_tokens: int, stopped_on_eos: bool,
+                 jitter: float = 0.0, seed: int = 0, fast: bool = False) -> list[dict[str, Any]]:
+    """Round records of a loop run (keep_rounds), timed like `sim.replay.replay` times it: same model, same noise."""
+    timer = fast_time if fast else simulate
+    timing = timer(result.actions, profile, prompt_tokens, jitter, seed, keep_host_times=True)
+    plain_acts = plain_actions(result.counters.generated, stopped_on_eos)
+    plain = timer(plain_acts, profile, prompt_tokens, jitter, seed, keep_host_times=True)
+    return round_records(result, timing, plain, plain_acts)
+
+
+# ---------------------------------------------------------------- rounds files
+
+
+def rounds_text(runs: Sequence[Run]) -> str:
+    """The file: per run one `run` line (the replay row and its run number) then its `round` lines; sorted keys."""
+    lines = []
+    for number, run in enumerate(runs):
+        lines.append(json.dumps({"type": "run", "run": number, **run.row}, sort_keys=True))
+        lines += [json.dumps({"type": "round", "run": number, **record}, sort_keys=True) for record in run.rounds]
+    return "".join(line + "\n" for line in lines)
+
+
+def read_rounds(path: str | Path) -> list[Run]:
+    """Read a rounds file back into runs, checking that every round line belongs to the run line before it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RoundsError(f"{path}: no such rounds file") from None
+    except UnicodeDecodeError:
+        raise RoundsError(f"{path}: not UTF-8 text (expected JSON Lines from sim.replay --rounds-out)") from None
+    runs: list[Run] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RoundsError(f"{where}: not a JSON object ({err.msg})") from None
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        missing = [k for k in {"run": RUN_KEYS, "round": ROUND_KEYS}.get(kind, ()) if k not in obj]
+        if missing:
+            raise RoundsError(f"{where}: {kind} line lacks {', '.join(missing)}")
+        if kind == "run":
+            if obj.get("run") != len(runs):
+                raise RoundsError(f"{where}: expected run number {len(runs)}, got {obj.get('run')!r}")
+            runs.append(Run({k: v for k, v in obj.items() if k not in ("type", "run")}, []))
+        elif kind == "round":
+            if not runs or obj.get("run") != len(runs) - 1:
+                raise RoundsError(f"{where}: round line of run {obj.get('run')!r} does not follow its run line")
+            runs[-1].rounds.append({k: v for k, v in obj.items() if k not in ("type", "run")})
+        else:
+            raise RoundsError(f"{where}: expected a line of type 'run' or 'round', got {kind!r}")
+    if not runs:
+        raise RoundsError(f"{path}: no runs (expected JSON Lines from sim.replay --rounds-out)")
+    return runs
+
+
+# ---------------------------------------------------------------- the reply as text
+
+# Background colours of the reply view; the legend below the text repeats them.
+ROLE_STYLE = {
+    "copied": ("#b7e4b0", "copied: a proposal token the target accepted (no forward of its own)"),
+    "landed": ("#e3f4df", "landed block: the target's own token that closed a drafted round which landed"),
+    "wasted": ("#f6b2ad", "wasted block: a drafted round that landed nothing (a whole verify for one token)"),
+    "sync": ("#fbe7a1", "synchronous step: nothing to verify, but the pipeline is empty, so the host gap shows"),
+    "paused": ("#e4e4e4", "paused: emitted while the governor's budget was 0"),
+    "plain": ("transparent", "pipelined: a one-token step read from the pipeline, as plain decoding does"),
+}
+
+
+def round_role(record: dict[str, Any]) -> str:
+    """What a loop iteration was, for gains and colours: landed, wasted, paused, sync or plain (pipelined)."""
+    if record["drafted"]:
+        return "landed" if record["accepted"] else "wasted"
+    if record["paused"]:
+        return "paused"
+    return "sync" if record["kind"] == "sync" else "plain"
+
+
+def token_roles(rounds: Sequence[dict[str, Any]], generated: int) -> list[tuple[str, dict[str, Any] | None]]:
+    """For each emitted token (prefill's first included), its role and the round that emitted it (None: prefill).
+
+    A drafted round's accepted tokens are `copied`; the token that closes it takes the round's role.
+    """
+    roles: list[tuple[str, dict[str, Any] | None]] = [("plain", None)] * generated
+    for record in rounds:
+        for offset in range(record["emitted"]):
+            role = "copied" if record["drafted"] and offset < record["accepted"] else round_role(record)
+            roles[record["first_token"] + offset] = (role, record)
+    return roles
+
+
+def gains_by_role(rounds: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Milliseconds gained against plain decoding per round role; they sum to the last round's `ahead_ms`."""
+    gains = {role: 0.0 for role in ("landed", "wasted", "sync", "paused", "plain")}
+    for record in rounds:
+        gains[round_role(record)] += record["gain_ms"]
+    return gains
+
+
+def reply_html(rounds: Sequence[dict[str, Any]], tokens: Sequence[int], decode: Callable[[list[int]], str]) -> str:
+    """The reply as HTML: one span per token coloured by its role, rejected proposal tokens as a red superscript.
+
+    Hovering a token shows its round: width, accepted, duration, and what the round gained or lost against plain.
+    """
+    roles = token_roles(rounds, len(tokens))
+    parts = []
+    for position, (token, (role, record)) in enumerate(zip(tokens, roles)):
+        text = html.escape(decode([token])).replace("\n", "&#8629;<br>")
+        tip = f"token {position}: prefill" if record is None else (
+            f"token {position}: round {record['index']} {record['kind']} width {record['width']}, "
+            f"accepted {record['accepted']}/{record['proposal_len']}, "
+            f"{record['end_ms'] - record['start_ms']:.1f} ms, {record['gain_ms']:+.1f} ms vs plain")
+        colour = ROLE_STYLE[role][0]
+        parts.append(f'<span title="{html.escape(tip)}" style="background:{colour}">{text}</span>')
+        last_of_round = record is not None and position == record["first_token"] + record["emitted"] - 1
+        rejected = record["proposal_len"] - record["accepted"] if record is not None and record["drafted"] else 0
+        if last_of_round and rejected:
+            parts.append(f'<sup style="color:#c0392b" title="{rejected} proposal token(s) rejected">✗{rejected}</sup>')
+    legend = " ".join(
+        f'<span style="background:{colour};border:1px solid #999;padding:0 4px">{html.escape(text)}</span>'
+        for colour, text in ROLE_STYLE.values())
+    legend += ' <sup style="color:#c0392b">✗n</sup> n proposal tokens rejected at the end of a drafted round'
+    return (f'<div style="font-family:monospace;line-height:1.8;white-space:normal">{"".join(parts)}</div>'
+            f'<div style="font-size:85%;margin-top:6px;line-height:2">{legend}</div>')

@@ -1,0 +1,170 @@
+"""`python -m sim.plot` (issue 4): real PNG files with fixed names, byte-identical on a rerun, from a rounds file and
+from real optuna studies on SQLite; a figure a study cannot support is skipped with a note; bad input is one
+`error:` line and exit code 2; every flag has help."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import ROOT
+from PIL import Image
+
+from sim.config import make_config
+from sim.costs import load_profile
+from sim import plot
+from sim.plot import build_parser, main
+from sim.replay import geomean, replay
+from sim.trace import read_trace
+
+TRACES = [ROOT / "traces" / "email.jsonl", ROOT / "traces" / "edit_json.jsonl"]
+
+
+def assert_real_png(path: Path) -> None:
+    """A decodable PNG of a readable size that is not one flat colour (axes, text and data were drawn)."""
+    assert path.is_file(), path
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        assert image.width >= 600 and image.height >= 400
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50, f"{path.name}: {len(colours or [])} colours"
+    assert max(count for count, _ in colours) < 0.97 * image.width * image.height, f"{path.name} is nearly blank"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim.plot", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def rounds_file(tmp_path_factory) -> Path:
+    """email and edit_json under gated and graded on two profiles, written by the replay CLI."""
+    path = tmp_path_factory.mktemp("rounds") / "rounds.jsonl"
+    done = subprocess.run([sys.executable, "-m", "sim.replay", *map(str, TRACES), "--compare", "gated,graded",
+                           "--profile", "gb10-qwen3-8b-4bit,gb10-qwen3-1.7b-4bit", "--rounds-out", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def make_study(storage, multi: bool, rows: bool, n_trials: int = 6) -> None:
+    """A real study: gated's full_at and narrow_width tuned over two bundled traces, replayed per trial, with the
+    tuning lab's constraint (no row below 0.98x)."""
+    traces = [read_trace(path) for path in TRACES]
+    profile = load_profile("gb10-qwen3-8b-4bit")
+
+    def objective(trial):
+        config = make_config("gated", {"full_at": trial.suggest_float("full_at", 0.5, 4.0),
+                                       "narrow_width": trial.suggest_int("narrow_width", 1, 4)})
+        results = [replay(trace, config, profile, fast=True) for trace in traces]
+        if rows:
+            trial.set_user_attr("per_row", [{"trace": r["trace"], "profile": r["profile"], "speedup": r["speedup"]}
+                                            for r in results])
+        speedups = [r["speedup"] for r in results]
+        trial.set_constraint("min_row_speedup", 0.98 - min(speedups))
+        return (geomean(speedups), min(speedups)) if multi else geomean(speedups)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="demo", storage=storage, sampler=optuna.samplers.RandomSampler(seed=1),
+                                directions=["maximize", "maximize"] if multi else ["maximize"])
+    study.optimize(objective, n_trials=n_trials)
+
+
+def test_round_figures_are_real_pngs_named_by_trace_and_profile(rounds_file, tmp_path):
+    """Three figures per trace and profile, named TRACE_PROFILE_{timeline,rounds,gap}.png, each a real image."""
+    done = cli("rounds", str(rounds_file), "--out", str(tmp_path / "figs"))
+    assert done.returncode == 0, done.stderr
+    expected = sorted(f"{trace}_{profile}_{kind}.png" for trace in ("email", "edit_json")
+                      for profile in ("gb10-qwen3-8b-4bit", "gb10-qwen3-1.7b-4bit")
+                      for kind in ("timeline", "rounds", "gap"))
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == expected
+    assert sorted(Path(line).name for line in done.stdout.splitlines()) == expected
+    for name in expected:
+        assert_real_png(tmp_path / "figs" / name)
+
+
+def test_round_figures_are_byte_identical_on_a_rerun(rounds_file, tmp_path):
+    """Same rounds file, same PNG bytes (no timestamps or version strings in the files)."""
+    assert main(["rounds", str(rounds_file), "--out", str(tmp_path / "a")]) == 0
+    assert main(["rounds", str(rounds_file), "--out", str(tmp_path / "b")]) == 0
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names and names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_multi_objective_study_gives_all_four_figures(tmp_path):
+    """A two-objective study whose trials carry rows: history, importances, Pareto front and per-row speedups."""
+    storage = f"sqlite:///{tmp_path / 'multi.db'}"
+    make_study(storage, multi=True, rows=True)
+    done = cli("study", "--storage", storage, "--out", str(tmp_path / "figs"))
+    assert done.returncode == 0, done.stderr
+    names = ["demo_history.png", "demo_importances.png", "demo_pareto.png", "demo_rows.png"]
+    assert [Path(line).name for line in done.stdout.splitlines()] == names
+    for name in names:
+        assert_real_png(tmp_path / "figs" / name)
+
+
+def test_study_without_rows_skips_those_figures_with_a_note(tmp_path):
+    """Single objective, no per-row attributes, a journal file next to its folder (studies/demo.journal.log beside
+    studies/demo/): history and importances only, and a note on stderr for each figure skipped; still exit 0."""
+    folder = tmp_path / "studies" / "demo"
+    folder.mkdir(parents=True)
+    journal = str(tmp_path / "studies" / "demo.journal.log")
+    make_study(optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal)), multi=False,
+               rows=False)
+    done = cli("study", "--study-dir", str(folder), "--out", str(tmp_path / "figs"))
+    assert done.returncode == 0, done.stderr
+    assert [Path(line).name for line in done.stdout.splitlines()] == ["demo_history.png", "demo_importances.png"]
+    assert "note: pareto skipped: single-objective study" in done.stderr
+    assert "note: rows skipped" in done.stderr
+    assert_real_png(tmp_path / "figs" / "demo_history.png")
+
+
+def test_best_trial_is_the_best_feasible_one(tmp_path):
+    """A trial that violates a constraint never counts as best, however good its value; the rows figure shows the
+    best feasible trial's rows."""
+    study = optuna.create_study(study_name="hand", storage=f"sqlite:///{tmp_path / 'h.db'}", direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for value, violation in ((2.0, 0.5), (1.5, 0.0), (1.0, -0.1)):
+        rows = [{"trace": "t", "profile": "p", "speedup": value}]
+        study.add_trial(optuna.trial.create_trial(params={"x": value / 2}, distributions=dist, value=value,
+                                                  user_attrs={"rows": rows},
+                                                  system_attrs={"constraints:min_row_speedup": violation}))
+    best = plot.best_trial(study)
+    assert best.number == 1 and plot.feasible(best) and not plot.feasible(study.trials[0])
+    assert plot.trial_rows(best) == [{"trace": "t", "profile": "p", "speedup": 1.5}]
+    fig, why = plot.rows_figure(study, baseline=None)
+    assert why == "" and fig.axes[0].get_yticklabels()[0].get_text() == "t / p"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rounds", "{tmp}/nothing.jsonl"], "no such rounds file"),
+    (["rounds", str(ROOT / "traces" / "email.jsonl")], "expected a line of type 'run' or 'round'"),
+    (["study", "--storage", "sqlite:///{tmp}/missing.db"], "no such SQLite file"),
+    (["study", "--study-dir", str(ROOT / "traces" / "profiles")], "expected exactly one study file"),
+    (["study", "--study-dir", "{tmp}/nowhere"], "no such study folder"),
+    (["study", "--storage", "sqlite:///{tmp}/s.db", "--study", "other"], "has no study 'other'; it holds: demo"),
+    (["study", "--storage", "sqlite:///{tmp}/s.db", "--baseline-trial", "best"], "--baseline-trial must be"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    """Missing or wrong files, unknown studies and bad flag values: exit 2, one `error:` line, no traceback, and
+    no SQLite file created where there was none."""
+    make_study(f"sqlite:///{tmp_path / 's.db'}", multi=False, rows=False, n_trials=2)
+    done = cli(*(arg.format(tmp=tmp_path) for arg in args), "--out", str(tmp_path / "figs"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1 and message in done.stderr
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_every_flag_has_help():
+    """Every option and argument of both subcommands carries a help text."""
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            assert action.help, f"{name}: {action.dest} has no help"
