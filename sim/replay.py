@@ -121,8 +121,13 @@ def _policy_help() -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other bad input
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m sim.replay",
         description="Replay recorded decode traces under prompt-lookup governors and simulate their time "
         "against plain decoding on a measured cost profile.",
@@ -168,6 +173,10 @@ def _configs(args: argparse.Namespace) -> list[PolicyConfig]:
     for variant in variants:
         name, own = split_variant(variant)
         configs.append(make_config(name, {**settings, **own}))  # a variant's own settings win over --set
+    labels = [config.label() for config in configs]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise ConfigError(f"--compare lists the same configuration more than once: {', '.join(twice)}")
     return configs
 
 

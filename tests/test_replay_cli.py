@@ -69,6 +69,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "bad ngram bounds": ([EMAIL, "--ngram-min", "3", "--ngram-max", "2"], ["ngram_min"]),
         "missing config file": ([EMAIL, "--config", str(tmp_path / "best.yaml")], ["best.yaml: no such config file"]),
         "negative jitter": ([EMAIL, "--jitter", "-0.1"], ["jitter must be >= 0"]),
+        "same configuration twice": ([EMAIL, "--compare", "gated,gated:full_at=1.5"], ["more than once: gated"]),
     }
 
 
@@ -106,6 +107,15 @@ def test_bad_input_as_a_process_has_no_traceback(bad_inputs, case):
     assert "Traceback" not in done.stderr
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert all(fragment in done.stderr for fragment in fragments)
+
+
+@pytest.mark.parametrize("args", [[EMAIL, "--max-tokens", "abc"], [], [EMAIL, "--no-such-flag"]],
+                         ids=["not an int", "no trace", "unknown flag"])
+def test_argument_errors_are_one_line_too(args):
+    """argparse's own errors (a non-integer, a missing TRACE, an unknown flag) are one `error:` line, exit 2."""
+    done = _cli(*args)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
 
 
 # --------------------------------------------------------------- output
