@@ -89,6 +89,9 @@ class LoopResult:
     counters: Counters
     actions: list[int]
     tokens: list[int]  # emitted, EOS excluded
+    # (index of the first token it emitted, tokens it emitted) per drafted verify: the slots a multi-token
+    # forward decided, where a near-tie may flip greedy output on hardware (DESIGN §7)
+    drafted_spans: list[tuple[int, int]] = field(default_factory=list)
     rounds_log: list[dict[str, Any]] | None = field(default=None, repr=False)
 
 
@@ -116,12 +119,13 @@ def run(
     cap = max_tokens if max_tokens is not None else float("inf")
     c = Counters()
     actions: list[int] = []
+    drafted_spans: list[tuple[int, int]] = []
     log: list[dict[str, Any]] | None = [] if keep_rounds else None
     context = list(prompt)
 
     first = target.prefill()  # prefill emits the first token; it is not a round
     if target.is_eos(first):
-        return LoopResult(c, actions, [], log)
+        return LoopResult(c, actions, [], drafted_spans, log)
     context.append(first)
     emitted = 1
     in_flight = False  # a one-token step of `current` was submitted and not yet read
@@ -220,6 +224,7 @@ def run(
         if accepted < len(proposal):
             target.rollback(len(proposal) - accepted)  # the rejected proposal positions leave the cache
         if proposal:
+            drafted_spans.append((emitted - landed, landed))
             c.drafted_rounds += 1
             c.proposed += len(proposal)
             c.accepted += accepted
@@ -233,7 +238,7 @@ def run(
             break
 
     c.generated = emitted
-    return LoopResult(c, actions, context[len(prompt):], log)
+    return LoopResult(c, actions, context[len(prompt):], drafted_spans, log)
 
 
 def _entry(action: int, width: int, budget: int, proposal: list[int], accepted: int, emitted: int, paused: bool,

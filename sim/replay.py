@@ -24,6 +24,9 @@ from sim.rounds import Run, rounds_text, timed_rounds
 from sim.trace import Trace, TraceError, read_trace, write_atomic
 
 _DRAFTERS: dict[tuple[str, int, int], PromptLookup] = {}
+# Top-1 minus top-2 logit below which a slot decided by a multi-token verify counts as a parity risk.
+# A threshold to choose per model and dtype, not a measurement.
+DEFAULT_RISK_MARGIN = 0.5
 
 
 def drafter_for(trace: Trace, ngram_min: int, ngram_max: int) -> PromptLookup:
@@ -56,8 +59,24 @@ def run_trace(trace: Trace, config: PolicyConfig, max_tokens: int | None = None,
                drafter, keep_rounds=keep_rounds)
 
 
+def risky_verifies(trace: Trace, spans: list[tuple[int, int]], margin: float) -> int | None:
+    """Drafted verifies that emitted a near-tie token (margin below `margin`); None when the trace has no margins.
+
+    A multi-token forward computes its slots with other kernels than a one-token
+    step, so where the greedy choice was a near tie it may pick the other token on
+    hardware (DESIGN §7): such a verify risks output parity with plain decoding.
+    """
+    margins = trace.margins
+    if all(m is None for m in margins):
+        return None
+    return sum(
+        any(m is not None and m < margin for m in margins[start : start + landed]) for start, landed in spans
+    )
+
+
 def replay(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens: int | None = None,
-           jitter: float = 0.0, seed: int = 0, fast: bool = False) -> dict[str, Any]:
+           jitter: float = 0.0, seed: int = 0, fast: bool = False,
+           risk_margin: float = DEFAULT_RISK_MARGIN) -> dict[str, Any]:
     """One row: counters, simulated time, plain decoding's time and the speedup, with everything that produced them."""
     profile.check_width(config.loop.max_draft + 1)
     result = run_trace(trace, config, max_tokens)
@@ -80,6 +99,8 @@ def replay(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens:
         "seed": seed,
         "generated_tokens": c.generated,
         **{k: v for k, v in c.as_dict().items() if k != "generated"},
+        "risk_margin": risk_margin,
+        "risky_verifies": risky_verifies(trace, result.drafted_spans, risk_margin),
         "time_ms": time_ms,
         "plain_time_ms": plain_ms,
         "speedup": plain_ms / time_ms if time_ms > 0 else 1.0,
@@ -89,9 +110,10 @@ def replay(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens:
 
 
 def replay_rounds(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens: int | None = None,
-                  jitter: float = 0.0, seed: int = 0, fast: bool = False) -> Run:
+                  jitter: float = 0.0, seed: int = 0, fast: bool = False,
+                  risk_margin: float = DEFAULT_RISK_MARGIN) -> Run:
     """`replay`'s row plus one record per loop iteration, timed by the same model (sim/rounds.py)."""
-    row = replay(trace, config, profile, max_tokens, jitter, seed, fast)
+    row = replay(trace, config, profile, max_tokens, jitter, seed, fast, risk_margin)
     result = run_trace(trace, config, max_tokens, keep_rounds=True)
     cap = effective_max_tokens(trace, max_tokens)
     stopped_on_eos = cap is None or result.counters.generated < cap
@@ -153,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jitter", type=float, default=0.0,
                         help="relative noise on every device and host time (lognormal sigma, e.g. 0.05; default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the jitter generator (default 0)")
+    parser.add_argument("--risk-margin", type=float, default=DEFAULT_RISK_MARGIN,
+                        help="count drafted verifies that emitted a token whose top-1 minus top-2 logit margin is "
+                        f"below this (traces with margins only; default {DEFAULT_RISK_MARGIN})")
     parser.add_argument("--json", action="store_true", help="print one JSON object per trace, policy and profile (sorted keys)")
     parser.add_argument("--rounds-out", metavar="FILE.jsonl",
                         help="also write every run round by round: per run a 'run' line (the --json row) followed "
@@ -190,6 +215,9 @@ def _human(row: dict[str, Any], label: str) -> str:
         f"[Simulated] generated={row['generated_tokens']} time={row['time_ms']:.1f} ms "
         f"({row['tok_s']:.1f} tok/s)  plain={row['plain_time_ms']:.1f} ms ({row['plain_tok_s']:.1f} tok/s)  "
         f"speedup={row['speedup']:.3f}x"
+        + ("" if row["risky_verifies"] is None else
+           f"\n[Parity risk] {row['risky_verifies']} drafted verifies emitted a token whose margin was below "
+           f"{row['risk_margin']:g}")
     )
 
 
@@ -240,11 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for trace in traces:
                 for config, label in zip(configs, labels):
                     if args.rounds_out:
-                        run = replay_rounds(trace, config, profile, args.max_tokens, args.jitter, args.seed)
+                        run = replay_rounds(trace, config, profile, args.max_tokens, args.jitter, args.seed,
+                                              risk_margin=args.risk_margin)
                         runs.append(Run({**run.row, "label": label}, run.rounds))
                         row = run.row
                     else:
-                        row = replay(trace, config, profile, args.max_tokens, args.jitter, args.seed)
+                        row = replay(trace, config, profile, args.max_tokens, args.jitter, args.seed,
+                                     risk_margin=args.risk_margin)
                     rows.append({**row, "label": label})
         if args.rounds_out:
             write_atomic(args.rounds_out, rounds_text(runs))

@@ -180,3 +180,10 @@ def test_graded_cooldown_counts_read_iterations():
     assert [e["action"] for e in zero_budget] == [1, 1, STEP, STEP]
     assert zero_budget[-1]["emitted"] == 1  # read the in-flight token
     assert log[5]["budget"] > 0
+
+
+def test_drafted_spans_name_the_tokens_each_verify_emitted():
+    """Each drafted verify reports (index of its first emitted token, tokens emitted): copy-break-copy's four."""
+    result = replay("gated")
+    assert result.drafted_spans == [(3, 1), (9, 3), (12, 8), (20, 2)]
+    assert REPLY[3] == 999 and REPLY[9:12] == [107, 108, 109]
