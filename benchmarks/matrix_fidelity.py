@@ -1,0 +1,77 @@
+"""Fidelity against hardware: simulated x vs the measured GB10 A/B matrix, row by row.
+
+    python benchmarks/matrix_fidelity.py [--out benchmarks/results/matrix_fidelity.json]
+
+The matrix (traces/profiles/reference/gb10-2026-10-02/matrix-run1-probation-on-any-token.csv)
+ran graded and gated with probation ended by ANY landed token, so gated is
+replayed as `gated:probation=any_token`. Caveat that bounds what this can show:
+the bundled traces are reference replies in GPT-2 tokens, not the replies those
+models produced in their own tokenizers, so a row's error mixes the timing
+model's error with the difference between the replies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.config import make_config  # noqa: E402
+from sim.costs import load_profile  # noqa: E402
+from sim.replay import replay  # noqa: E402
+from sim.trace import read_trace  # noqa: E402
+
+MATRIX = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "matrix-run1-probation-on-any-token.csv"
+TRACE_OF = {"edit_fn": "edit_fn", "edit_json": "edit_json", "summary": "summary", "write": "email", "story": "story"}
+ARMS = {"graded": ("graded", {}), "gated": ("gated", {"probation": "any_token"})}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "matrix_fidelity.json"),
+                        help="result file (JSON); a markdown table goes next to it")
+    args = parser.parse_args()
+    rows = []
+    with MATRIX.open() as f:
+        for measured in csv.DictReader(f):
+            if measured["arm"] not in ARMS:
+                continue
+            policy, settings = ARMS[measured["arm"]]
+            trace = read_trace(ROOT / "traces" / f"{TRACE_OF[measured['prompt']]}.jsonl")
+            row = replay(trace, make_config(policy, settings), load_profile(f"gb10-{measured['model']}"))
+            rows.append({
+                "model": measured["model"], "prompt": measured["prompt"], "arm": measured["arm"],
+                "measured_x": float(measured["x"]), "simulated_x": row["speedup"],
+                "error_points": 100.0 * (row["speedup"] - float(measured["x"])),
+                "measured_tokens": int(measured["tokens"]), "trace_tokens": row["generated_tokens"],
+                "trace_sha256": trace.sha256, "profile_sha256": row["profile"]["sha256"],
+            })
+    errors = [abs(r["error_points"]) for r in rows]
+    by_prompt = {p: statistics.median(abs(r["error_points"]) for r in rows if r["prompt"] == p) for p in TRACE_OF}
+    summary = {
+        "rows": len(rows),
+        "median_abs_error_points": statistics.median(errors),
+        "max_abs_error_points": max(errors),
+        "median_abs_error_points_by_prompt": by_prompt,
+        "sign_agreement": sum((r["measured_x"] > 1) == (r["simulated_x"] > 1) for r in rows) / len(rows),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "matrix_fidelity", "command": "python benchmarks/matrix_fidelity.py",
+                               "summary": summary, "rows": rows}, indent=1, sort_keys=True) + "\n")
+    lines = ["| model | prompt | arm | measured x | simulated x | error (points) |", "|---|---|---|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['prompt']} | {r['arm']} | {r['measured_x']:.3f} | {r['simulated_x']:.3f} | "
+              f"{r['error_points']:+.1f} |" for r in rows]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(json.dumps(summary, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
