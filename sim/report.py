@@ -1,0 +1,211 @@
+"""What the morning shows: studies/NAME/best.yaml, report.md and PNG plots, from the study's storage.
+
+Everything here is a function of the stored trials, the spec and the inputs
+(trial numbers, parameters, values; never wall-clock times), so the same study
+gives byte-identical files. best.yaml is a `{policy, params}` configuration that
+`python -m sim.replay --config best.yaml TRACE...` accepts.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from sim.evaluate import COUNTERS, Matrix, Row, constraint_values, score
+from sim.study import StudySpec
+from sim.tune_storage import kind_of, redacted
+
+SCORES = ("geomean_speedup", "mean_speedup", "worst_row")
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return all(c <= 0 for c in trial.constraints.values())
+
+
+def _dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
+    return all(x >= y for x, y in zip(a.values, b.values)) and a.values != b.values
+
+
+def pick_best(spec: StudySpec, trials: Sequence[FrozenTrial]) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
+    """The best feasible trial (ties: lowest number) and, for several objectives, the feasible Pareto front."""
+    done = sorted((t for t in trials if t.state == TrialState.COMPLETE and feasible(t)), key=lambda t: t.number)
+    front = [t for t in done if not any(_dominates(o, t) for o in done)] if spec.multi_objective else []
+    pool = front or done
+    best = max(pool, key=lambda t: (t.values[0], -t.number)) if pool else None
+    return best, front
+
+
+def dashboard_command(storage: str) -> str:
+    return f"pip install optuna-dashboard && optuna-dashboard {storage}"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _scores(rows: Sequence[Row], spec: StudySpec) -> dict[str, float]:
+    return {**{name: score(rows, name) for name in SCORES},
+            **dict(zip(spec.constraints, constraint_values(rows, spec.constraints)))}
+
+
+def _counts(trials: Sequence[FrozenTrial]) -> str:
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    infeasible = sum(not feasible(t) for t in complete)
+    invalid = sum("invalid" in t.user_attrs for t in trials if t.state == TrialState.PRUNED)
+    return (f"{len(trials)} trials: {by_state['complete']} complete ({len(complete) - infeasible} feasible, "
+            f"{infeasible} infeasible: kept, marked by the constraint), {by_state['pruned']} pruned "
+            f"({invalid} invalid configurations), {by_state['fail']} failed, {by_state['running']} running, "
+            f"{by_state['waiting']} waiting")
+
+
+def _rows_table(base: Sequence[Row], best: Sequence[Row]) -> list[str]:
+    head = ["trace", "profile", "tokens", "baseline", "best", "change", *COUNTERS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for b, r in zip(base, best):
+        counters = [f"{x} ({y})" for x, y in zip(r.counters, b.counters)]
+        lines.append(f"| {r.trace} | {r.profile} | {r.generated} | {b.speedup:.4f}x | {r.speedup:.4f}x | "
+                     f"{100 * (r.speedup / b.speedup - 1):+.2f}% | " + " | ".join(counters) + " |")
+    return lines
+
+
+def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n: int = 10) -> list[str]:
+    done = [t for t in trials if t.state == TrialState.COMPLETE and feasible(t)]
+    done.sort(key=lambda t: (-t.values[0], t.number))
+    lines = ["| trial | " + " | ".join(spec.objectives) + " | worst row | differs from baseline |", "|---|" + "---|" * (len(spec.objectives) + 2)]
+    for t in done[:n]:
+        diff = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(t.params.items()) if base.get(k) != v) or "(baseline)"
+        lines.append(f"| {t.number} | " + " | ".join(f"{v:.4f}" for v in t.values)
+                     + f" | {t.user_attrs['scores']['worst_row']:.4f} | {diff} |")
+    return lines
+
+
+def render(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path,
+           importances: dict[str, float] | None, plots: bool) -> tuple[str, dict[str, Any] | None, str]:
+    """(report.md text, best.yaml mapping or None, one-paragraph summary)."""
+    trials = study.get_trials(deepcopy=False)
+    best, front = pick_best(spec, trials)
+    base_rows = matrix.evaluate(spec.baseline)
+    base_scores = _scores(base_rows, spec)
+    lim = spec.constraints.get("min_row_speedup")
+    lines = [f"# Study `{spec.name}`: {spec.policy} over {len(matrix.traces)} traces x {len(matrix.profiles)} profiles", ""]
+    lines += [f"Objective(s): {', '.join(spec.objectives)} (maximised). Constraints: "
+              + (", ".join(f"{k} >= {v}" for k, v in spec.constraints.items()) or "none") + ".", "",
+              _counts(trials) + ".", ""]
+    best_yaml = None
+    if best is None:
+        summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
+        lines += ["**No feasible completed trial yet.** No best.yaml was written.", ""]
+        best_rows: list[Row] = base_rows
+    else:
+        config = spec.config(best.params)
+        best_rows = matrix.evaluate(config)
+        best_scores = _scores(best_rows, spec)
+        gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
+        summary = (f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
+                   f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}%), worst row "
+                   f"{best_scores['worst_row']:.4f}x (baseline {base_scores['worst_row']:.4f}x)")
+        lines += [f"**{summary}.**", ""]
+        best_yaml = {"policy": config.policy, "params": config.settings(),
+                     "notes": f"study {spec.name}, trial {best.number}: geomean {best_scores['geomean_speedup']:.4f}x "
+                              f"over {len(best_rows)} rows (spec sha256 {spec.sha256[:12]})"}
+        base_settings = spec.baseline.settings()
+        lines += ["## Best parameters", "", "| parameter | best | baseline | searched |", "|---|---|---|---|"]
+        searched = {d.name: d.describe() for d in spec.search_space}
+        for key, value in config.settings().items():
+            lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {searched.get(key, 'fixed')} |")
+        lines += ["", "## Objective and constraint values", "", "| value | baseline | best |", "|---|---|---|"]
+        for key in base_scores:
+            lines.append(f"| {key} | {base_scores[key]:.4f} | {best_scores[key]:.4f} |")
+        if lim is not None:
+            below = [r for r in best_rows if r.speedup < lim]
+            lines += ["", f"Rows below {lim}x: best {len(below)}, baseline {sum(r.speedup < lim for r in base_rows)}."]
+        lines += [""]
+    lines += ["## Every row (speedup over plain decoding; counters: best (baseline))", "", *_rows_table(base_rows, best_rows), ""]
+    if front:
+        lines += ["## Pareto front (feasible)", "", "| trial | " + " | ".join(spec.objectives) + " |", "|---|" + "---|" * len(spec.objectives)]
+        lines += [f"| {t.number} | " + " | ".join(f"{v:.4f}" for v in t.values) + " |" for t in front] + [""]
+    lines += ["## Top feasible trials", "", *_top(spec, trials, spec.baseline.settings()), ""]
+    if importances:
+        lines += ["## Parameter importances (PED-ANOVA, first objective)", "", "| parameter | importance |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in importances.items()] + [""]
+    if plots:
+        lines += ["## Plots", "", "![optimization history](history.png)", "", "![parameter importances](importances.png)",
+                  "", "![per-row speedup](rows.png)", ""]
+    lines += _provenance(spec, matrix, study, storage, out)
+    return "\n".join(lines), best_yaml, summary
+
+
+def _rebuild(spec: StudySpec, invocations: list[dict[str, Any]]) -> list[str]:
+    """The commands that made the stored study, for a checkout without its storage file."""
+    lines = []
+    for run in invocations:
+        flags = f" --n-trials {run['n_trials']}" + (f" --max-trials {run['max_trials']}" if run["max_trials"] else "")
+        flags += f" --workers {run['workers']}" if run["workers"] > 1 else ""
+        lines.append(f"    python -m sim.tune {spec.path}{flags}")
+    return lines
+
+
+def _provenance(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path) -> list[str]:
+    storage = redacted(storage)
+    workers = " --workers 2" if kind_of(storage) == "journal" else ""
+    storage_flag = "" if storage == spec.storage else f" --storage {storage}"
+    rebuild = _rebuild(spec, study.user_attrs.get("invocations", []))
+    single = all("--workers" not in line for line in rebuild)
+    lines = ["## Reproduce", "",
+             f"The storage ({storage}) is not committed. On a fresh checkout, these commands rebuild the study"
+             + (" trial for trial (one worker, seeded sampler):" if single else
+                " (several workers: the same kind of study, not the same trials):"), "", *rebuild, "",
+             "Then:", "",
+             f"    python -m sim.tune {spec.path}{workers}{storage_flag}     # continues the study in {storage}",
+             f"    python -m sim.replay --config {out / 'best.yaml'} {' '.join(spec.traces)} --profile {','.join(spec.profiles)}",
+             f"    {dashboard_command(storage)}", "",
+             f"Sampler {spec.sampler}, seed {spec.seed} (worker i uses seed + i; one worker is deterministic). "
+             f"optuna {optuna.__version__}, Python {sys.version_info.major}.{sys.version_info.minor}.", "",
+             "## Inputs", "", "| trace | sha256 | tokens |", "|---|---|---|"]
+    lines += [f"| {t.path} | {t.sha256} | {len(t.tokens)} |" for t in matrix.traces]
+    lines += ["", "| profile | sha256 |", "|---|---|"]
+    lines += [f"| {p.name} | {p.sha256} |" for p in matrix.profiles]
+    lines += ["", f"Spec `{spec.path}` (sha256 {spec.sha256}):", "", "```yaml", spec.text.rstrip("\n"), "```", ""]
+    return lines
+
+
+def param_importances(spec: StudySpec, study: optuna.Study) -> dict[str, float] | None:
+    """PED-ANOVA importances (optuna's default; needs no scikit-learn) of the first objective over complete trials; None when there is too little to fit."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    if len(done) < 2 or len(spec.search_space) < 2:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            values = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: t.values[0])
+        except (RuntimeError, ValueError):
+            return None
+    return {k: float(v) for k, v in sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))}
+
+
+def write_report(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path,
+                 plots: bool = True) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    importances = param_importances(spec, study)
+    text, best_yaml, summary = render(spec, matrix, study, storage, out, importances, plots)
+    (out / "report.md").write_text(text, encoding="utf-8")
+    if best_yaml is not None:
+        (out / "best.yaml").write_text(yaml.safe_dump(best_yaml, sort_keys=True), encoding="utf-8")
+    if plots:
+        from sim.report_plots import plot_all  # matplotlib only when plots are asked for
+
+        best, _ = pick_best(spec, study.get_trials(deepcopy=False))
+        best_rows = matrix.evaluate(spec.config(best.params)) if best else None
+        plot_all(spec, study, importances, matrix.evaluate(spec.baseline), best_rows, out)
+    return f"{summary}\nreport: {out / 'report.md'}"

@@ -1,0 +1,352 @@
+"""Study specs: `studies/NAME.yaml` loaded into frozen dataclasses, every mistake one line naming what is allowed.
+
+A spec names a policy family, the parameters to search (any field of the
+policy's or the loop's parameters, in the flat namespace of sim.config), the
+settings held fixed, the trace x profile matrix, the objective(s), the
+constraints, the baseline the report compares against, the sampler and the
+storage. Relative paths in a spec (trace globs, profile files, a storage file)
+are taken from the directory the study is run in, the repository root.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from policies import ConfigError, policy_class
+from policies.base import coerce, field_type, fields_of
+from sim.config import PolicyConfig, make_config
+from sim.costs import bundled_profiles
+from sim.loop import LoopParams
+
+OBJECTIVES = {
+    "geomean_speedup": "geometric mean of the speedup over every trace x profile row",
+    "mean_speedup": "arithmetic mean of the row speedups",
+    "worst_row": "the lowest row speedup",
+}
+CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
+SAMPLERS = ("tpe", "nsga2", "random")
+KEYS = {
+    "name": "study name: the optuna study and the report folder studies/<name>/",
+    "policy": "registered policy family to tune",
+    "search_space": "parameter -> {low, high[, log, step]} or {choices: [...]}",
+    "fixed": "parameter -> value held fixed in every trial",
+    "traces": "list of trace globs",
+    "profiles": "list of cost profiles: bundled names, name patterns (gb10-*) or YAML paths",
+    "objective": f"one of {', '.join(OBJECTIVES)} (default geomean_speedup)",
+    "objectives": "list of objectives for a multi-objective study, e.g. [geomean_speedup, worst_row]",
+    "constraints": f"mapping among {', '.join(CONSTRAINTS)}",
+    "baseline": "{policy, params} the report compares against (default: the policy's shipped defaults)",
+    "sampler": f"{{name: {'|'.join(SAMPLERS)}, seed: int}} (default tpe, or nsga2 for several objectives; seed 0)",
+    "n_trials": "trials one invocation adds (default 100)",
+    "timeout": "seconds one invocation may run (default: no limit)",
+    "storage": "optuna storage: a SQLite/PostgreSQL URL or a journal file *.journal.log (default sqlite:///studies/<name>.db)",
+    "notes": "free text",
+}
+DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
+
+
+class StudyError(ValueError):
+    """A spec that cannot be used; the message names the file, the line and what was expected."""
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One searched parameter: a float or int range (optionally log-scaled or stepped) or a list of choices."""
+
+    name: str
+    kind: str  # "float", "int" or "categorical"
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    step: float | int | None = None
+    choices: tuple[Any, ...] = ()
+
+    def suggest(self, trial: Any) -> Any:
+        if self.kind == "categorical":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.kind == "int":
+            return trial.suggest_int(self.name, self.low, self.high, log=self.log, step=self.step or 1)
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log, step=self.step)
+
+    def contains(self, value: Any) -> bool:
+        if self.kind == "categorical":
+            return value in self.choices
+        return value is not None and self.low <= value <= self.high
+
+    def describe(self) -> str:
+        if self.kind == "categorical":
+            return f"one of {', '.join(map(str, self.choices))}"
+        scale = ", log" if self.log else ""
+        step = f", step {self.step}" if self.step else ""
+        return f"{self.kind} in [{self.low}, {self.high}]{scale}{step}"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    policy: str
+    search_space: tuple[Dimension, ...]
+    fixed: dict[str, Any]
+    traces: tuple[str, ...]  # resolved trace files, sorted
+    profiles: tuple[str, ...]  # resolved profile names or paths, sorted
+    objectives: tuple[str, ...]
+    constraints: dict[str, float]
+    baseline: PolicyConfig
+    sampler: str
+    seed: int
+    n_trials: int
+    timeout: float | None
+    storage: str
+    path: str
+    text: str  # the spec file exactly as read, for the report
+    sha256: str
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        """Every searched parameter for one trial, from fixed ranges (multivariate TPE needs a static space).
+
+        A pair the engine refuses (ngram_min > ngram_max, cooldown_min > cooldown_max) is pruned by sim.tune.
+        """
+        return {dim.name: dim.suggest(trial) for dim in self.search_space}
+
+    def config(self, params: dict[str, Any]) -> PolicyConfig:
+        """The configuration one trial evaluates: fixed settings, then the trial's own."""
+        return make_config(self.policy, {**self.fixed, **params})
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Line of every mapping key, by path from the root, so errors can point into the file."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                lines[path + (str(key.value),)] = key.start_mark.line + 1
+                walk(value, path + (str(key.value),))
+
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), ())
+    except yaml.YAMLError:
+        pass  # safe_load reports it
+    return lines
+
+
+class _Reader:
+    """Raises StudyError as `file:line: message`, the line being that of the offending key."""
+
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.lines = _key_lines(text)
+
+    def fail(self, message: str, *key: str) -> StudyError:
+        while key and key not in self.lines:
+            key = key[:-1]
+        where = f"{self.path}:{self.lines[key]}" if key else self.path
+        return StudyError(f"{where}: {message}")
+
+    def check_keys(self, raw: Any, allowed: typing.Iterable[str], *key: str) -> dict:
+        allowed = list(allowed)
+        what = "/".join(key) if key else "the spec"
+        if not isinstance(raw, dict):
+            raise self.fail(f"{what} must be a mapping with keys among {', '.join(allowed)}", *key)
+        for name in raw:
+            if name not in allowed:
+                raise self.fail(f"unknown key {name!r} in {what}; allowed: {', '.join(allowed)}", *key, str(name))
+        return raw
+
+
+def _kind_of(cls: type, name: str) -> type:
+    """A field's type, Optional unwrapped (graded's start_average: float | None -> float)."""
+    kind = field_type(cls, name)
+    args = typing.get_args(kind)
+    return next(a for a in args if a is not type(None)) if type(None) in args else kind
+
+
+def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dimension:
+    where = ("search_space", name)
+    r.check_keys(raw, DIMENSION_KEYS, *where)
+    cls = owners[name]
+    kind = _kind_of(cls, name)
+    try:
+        if "choices" in raw:
+            if set(raw) != {"choices"} or not isinstance(raw["choices"], list) or not raw["choices"]:
+                raise r.fail(f"search_space/{name}: choices must be a non-empty list and stand alone", *where)
+            return Dimension(name, "categorical", choices=tuple(coerce(cls, name, v) for v in raw["choices"]))
+        if kind not in (int, float):
+            raise r.fail(f"search_space/{name}: a {kind.__name__} parameter needs choices: [...]", *where)
+        for bound in ("low", "high"):
+            if bound not in raw:
+                raise r.fail(f"search_space/{name}: missing {bound!r} (a {kind.__name__} range needs low and high)", *where)
+        low, high = coerce(cls, name, raw["low"]), coerce(cls, name, raw["high"])
+        step = coerce(cls, name, raw["step"]) if raw.get("step") is not None else None
+    except ConfigError as err:
+        raise r.fail(f"search_space/{name}: {err}", *where) from None
+    log = raw.get("log", False)
+    if not isinstance(log, bool):
+        raise r.fail(f"search_space/{name}: log must be true or false, got {log!r}", *where)
+    if not low < high:
+        raise r.fail(f"search_space/{name}: need low < high, got {low} and {high}", *where)
+    if log and (low <= 0 or step):
+        raise r.fail(f"search_space/{name}: a log scale needs low > 0 and no step", *where)
+    return Dimension(name, kind.__name__, low, high, log, step)
+
+
+def _profiles(r: _Reader, raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(p, str) for p in raw):
+        raise r.fail("profiles must be a non-empty list of profile names, name patterns or YAML paths", "profiles")
+    found: list[str] = []
+    for item in raw:
+        if any(ch in item for ch in "*?["):
+            matches = fnmatch.filter(bundled_profiles(), item)
+            if not matches:
+                raise r.fail(f"profiles: {item!r} matches no bundled profile; bundled: {', '.join(bundled_profiles())}",
+                             "profiles")
+            found += matches
+        else:
+            found.append(item)
+    return tuple(sorted(set(found)))
+
+
+def _traces(r: _Reader, raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(p, str) for p in raw):
+        raise r.fail("traces must be a non-empty list of file globs, e.g. [traces/*.jsonl]", "traces")
+    found: list[str] = []
+    for pattern in raw:
+        matches = sorted(glob.glob(pattern))
+        if not matches:
+            raise r.fail(f"traces: {pattern!r} matches no file (globs are relative to the directory you run in)", "traces")
+        found += matches
+    return tuple(sorted(set(found)))
+
+
+def _objectives(r: _Reader, raw: dict) -> tuple[str, ...]:
+    if "objective" in raw and "objectives" in raw:
+        raise r.fail("give either objective or objectives, not both", "objectives")
+    names = raw.get("objectives", [raw.get("objective", "geomean_speedup")])
+    if not isinstance(names, list) or not names or len(set(map(str, names))) != len(names):
+        raise r.fail("objectives must be a list of distinct objective names", "objectives")
+    for name in names:
+        if name not in OBJECTIVES:
+            raise r.fail(f"unknown objective {name!r}; allowed: {', '.join(OBJECTIVES)}",
+                         "objectives" if "objectives" in raw else "objective")
+    return tuple(names)
+
+
+def _number(r: _Reader, value: Any, what: str, *key: str, integer: bool = False) -> float | int:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        raise r.fail(f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}", *key)
+    return value
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    path = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        raise StudyError(f"{path}: no such study spec") from None
+    text = data.decode("utf-8")
+    r = _Reader(path, text)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise StudyError(f"{path}:{mark.line + 1 if mark else '?'}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    r.check_keys(raw, KEYS)
+    for key in ("name", "policy", "traces", "profiles"):
+        if key not in raw:
+            raise r.fail(f"missing {key!r} ({KEYS[key]})")
+    name = raw["name"]
+    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
+        raise r.fail(f"name must be a word of letters, digits, _ and -, got {name!r}", "name")
+    try:
+        cls = policy_class(str(raw["policy"]))
+    except ConfigError as err:
+        raise r.fail(str(err), "policy") from None
+    owners = {**{k: cls.Params for k in fields_of(cls.Params)}, **{k: LoopParams for k in fields_of(LoopParams)}}
+
+    space_raw = r.check_keys(raw.get("search_space") or {}, owners, "search_space")
+    if not space_raw:
+        raise r.fail(f"search_space needs at least one parameter; allowed: {', '.join(owners)}", "search_space")
+    space = tuple(_dimension(r, k, v, owners) for k, v in sorted(space_raw.items()))
+
+    fixed = dict(sorted(r.check_keys(raw.get("fixed") or {}, owners, "fixed").items()))
+    both = sorted(set(fixed) & set(space_raw))
+    if both:
+        raise r.fail(f"fixed and search_space both set {', '.join(both)}", "fixed")
+    try:
+        make_config(cls.name, fixed)
+    except ConfigError as err:
+        raise r.fail(f"fixed: {err}", "fixed") from None
+
+    baseline_raw = r.check_keys(raw.get("baseline") or {"policy": cls.name}, ("policy", "params"), "baseline")
+    try:
+        baseline = make_config(str(baseline_raw.get("policy", cls.name)), baseline_raw.get("params") or {})
+    except ConfigError as err:
+        raise r.fail(f"baseline: {err}", "baseline") from None
+
+    constraints = r.check_keys(raw.get("constraints") or {}, CONSTRAINTS, "constraints")
+    constraints = {k: float(_number(r, v, k, "constraints", k)) for k, v in sorted(constraints.items())}
+
+    objectives = _objectives(r, raw)
+    sampler_raw = r.check_keys(raw.get("sampler") or {}, ("name", "seed"), "sampler")
+    sampler = sampler_raw.get("name", "nsga2" if len(objectives) > 1 else "tpe")
+    if sampler not in SAMPLERS:
+        raise r.fail(f"unknown sampler {sampler!r}; allowed: {', '.join(SAMPLERS)}", "sampler", "name")
+    seed = _number(r, sampler_raw.get("seed", 0), "sampler seed", "sampler", "seed", integer=True)
+
+    n_trials = _number(r, raw.get("n_trials", 100), "n_trials", "n_trials", integer=True)
+    timeout = raw.get("timeout")
+    if timeout is not None:
+        timeout = float(_number(r, timeout, "timeout (seconds)", "timeout"))
+    storage = raw.get("storage") or f"sqlite:///studies/{name}.db"
+    if not isinstance(storage, str):
+        raise r.fail(f"storage must be a URL or a journal file path, got {storage!r}", "storage")
+
+    spec = StudySpec(
+        name=name, policy=cls.name, search_space=space, fixed=fixed, traces=_traces(r, raw["traces"]),
+        profiles=_profiles(r, raw["profiles"]), objectives=objectives, constraints=constraints, baseline=baseline,
+        sampler=sampler, seed=seed, n_trials=n_trials, timeout=timeout, storage=storage, path=path, text=text,
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    _check_baseline_in_space(r, spec)
+    return spec
+
+
+def _check_baseline_in_space(r: _Reader, spec: StudySpec) -> None:
+    """The baseline is enqueued as trial 0, so its values must lie inside the searched ranges."""
+    if spec.baseline.policy != spec.policy:
+        return
+    settings = spec.baseline.settings()
+    for dim in spec.search_space:
+        if not dim.contains(settings[dim.name]):
+            raise r.fail(f"search_space/{dim.name}: the baseline's value {settings[dim.name]!r} lies outside "
+                         f"{dim.describe()}; widen the range so the baseline can be trial 0", "search_space", dim.name)
+
+
+def check_widths(spec: StudySpec, widest: float) -> None:
+    """Refuse a max_draft range that needs a verify width some profile cannot price (`widest`)."""
+    for dim in spec.search_space:
+        if dim.name == "max_draft" and dim.kind != "categorical" and dim.high + 1 > widest:
+            raise _Reader(spec.path, spec.text).fail(
+                f"search_space/max_draft goes up to {dim.high}, a verify of width {dim.high + 1}; the profiles "
+                f"price widths up to {int(widest)}: set high <= {int(widest) - 1}", "search_space", "max_draft")
+
+
+def baseline_params(spec: StudySpec) -> dict[str, Any] | None:
+    """The searched parameters of the baseline, to enqueue as the first trial (None when it is another family)."""
+    if spec.baseline.policy != spec.policy:
+        return None
+    settings = spec.baseline.settings()
+    return {dim.name: settings[dim.name] for dim in spec.search_space}

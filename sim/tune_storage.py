@@ -1,0 +1,233 @@
+"""Where a study lives, and what keeps several workers honest on it.
+
+- `sqlite:///studies/NAME.db` (the default): one worker at a time; SQLite is not
+  safe for parallel writers.
+- `studies/NAME.journal.log`: an optuna journal file, for `--workers N` on one
+  machine.
+- `postgresql+psycopg2://...` (any SQLAlchemy RDB URL): many workers, many machines.
+
+Every storage carries heartbeats: a worker killed mid-trial leaves a RUNNING
+trial whose heartbeat goes stale; the next worker to ask for a trial fails it
+and enqueues a retry with the same parameters (optuna's
+RetryHeartbeatStaleTrialCallback). Optuna's RDB storage has this built in; the
+journal storage gets the same contract from `HeartbeatJournalStorage` below.
+
+`TrialGate` serialises "count the trials, then create one" across workers, so a
+trial cap is exact: no worker can create trial cap+1 while another is running.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import re
+import tempfile
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import optuna
+import sqlalchemy
+from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages._heartbeat import BaseHeartbeat  # the ABC optuna's fail_stale_trials checks for
+from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal._file import BaseJournalFileLock  # the lock ABC JournalFileBackend takes
+from optuna.trial import TrialState
+
+MAX_RETRY = 3  # a trial that kills its worker this many times is left failed
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def kind_of(storage: str) -> str:
+    if storage.startswith("sqlite:"):
+        return "sqlite"
+    if storage.startswith("postgresql"):
+        return "postgresql"
+    return "rdb" if is_url(storage) else "journal"
+
+
+def redacted(storage: str) -> str:
+    """The storage as reports and errors show it: never a database password."""
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", storage)
+
+
+def parallel_storage(storage: str) -> str:
+    """For --workers N > 1: a SQLite storage becomes the journal file next to it; others stay."""
+    if kind_of(storage) != "sqlite":
+        return storage
+    path = storage.split(":///", 1)[1]
+    return str(Path(path).with_suffix("")) + ".journal.log"
+
+
+def _local_lock_path(path: str, what: str) -> Path:
+    """A lock file in the temp folder, one per storage file: nothing to clean up or ignore in studies/."""
+    digest = hashlib.sha256(f"{Path(path).resolve()}\n{what}".encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"draftlab-{digest}.lock"
+
+
+class FlockJournalLock(BaseJournalFileLock):
+    """The journal's write lock as a flock, which the kernel drops when its holder dies.
+
+    optuna's default symlink lock outlives a SIGKILLed writer, and every other worker then waits out its
+    30 s grace period. A flock is local to one machine, which is what a journal file is for here.
+    """
+
+    def __init__(self, journal: str):
+        self._path = _local_lock_path(journal, "journal")
+        self._file = None
+
+    def acquire(self) -> bool:
+        self._file = open(self._path, "a")
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+        return True
+
+    def release(self) -> None:
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+        self._file = None
+
+
+class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+    """A journal file storage with RDB-style heartbeats, kept in each RUNNING trial's system attributes."""
+
+    def __init__(self, path: str, interval_s: int, grace_s: int):
+        super().__init__(JournalFileBackend(path, lock_obj=FlockJournalLock(path)))
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self.retry = RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        self.set_trial_system_attr(trial_id, "heartbeat_unix_s", time.time())
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        stale = []
+        for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            # A worker killed before its first beat still left the trial's start time.
+            started = trial.datetime_start.timestamp() if trial.datetime_start else now  # naive local time
+            beat = trial.system_attrs.get("heartbeat_unix_s", started)
+            if now - beat > self.grace_s:
+                stale.append(trial._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int:
+        return self.interval_s
+
+    def get_heartbeat_stale_trial_callback(self) -> RetryHeartbeatStaleTrialCallback:
+        return self.retry
+
+
+def open_storage(storage: str, heartbeat_s: int) -> optuna.storages.BaseStorage:
+    """The storage behind a URL or journal path, heartbeats on, a stale trial's grace twice the interval."""
+    grace = 2 * heartbeat_s
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if kind_of(storage) == "journal":
+            Path(storage).parent.mkdir(parents=True, exist_ok=True)
+            return HeartbeatJournalStorage(storage, heartbeat_s, grace)
+        if kind_of(storage) == "sqlite":
+            Path(storage.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+        with _schema_lock(storage):
+            rdb = RDBStorage(storage, heartbeat_interval=heartbeat_s, grace_period=grace,
+                             heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
+    if kind_of(storage) == "sqlite":
+        # A trial is ~17 small commits; with SQLite's default full sync each waits on the disk (~5 ms here).
+        # WAL with synchronous=NORMAL survives a killed process (what heartbeats are for), not a power cut.
+        sqlalchemy.event.listen(rdb.engine, "connect", _sqlite_wal)
+        rdb.engine.dispose()  # reconnect so every connection gets the pragmas
+    return rdb
+
+
+def _lock_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+@contextmanager
+def _schema_lock(storage: str) -> Iterator[None]:
+    """Workers starting together on a fresh PostgreSQL database would race to create optuna's tables."""
+    if kind_of(storage) != "postgresql":
+        yield
+        return
+    engine = sqlalchemy.create_engine(storage, poolclass=sqlalchemy.pool.NullPool)
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _lock_key("draftlab optuna schema")})
+        try:
+            yield
+        finally:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_key("draftlab optuna schema")})
+    engine.dispose()
+
+
+def _sqlite_wal(connection: object, _record: object) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+@contextmanager
+def heartbeat(storage: optuna.storages.BaseStorage, trial_id: int) -> Iterator[None]:
+    """Beat for a trial while it runs (optuna's optimize() does the same; sim.tune drives ask/tell itself)."""
+    if not isinstance(storage, BaseHeartbeat) or storage.get_heartbeat_interval() is None:
+        yield
+        return
+    stop = threading.Event()
+    storage.record_heartbeat(trial_id)  # before the trial runs: optuna never fails a RUNNING trial without one
+
+    def beat() -> None:
+        while not stop.wait(storage.get_heartbeat_interval()):
+            storage.record_heartbeat(trial_id)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+class TrialGate:
+    """A lock shared by every worker of one study: a file lock on one machine, an advisory lock on PostgreSQL.
+
+    Other RDBs (MySQL, ...) get no lock: a trial cap may then overshoot by up to workers - 1.
+    """
+
+    def __init__(self, storage: str, study_name: str):
+        self.kind = kind_of(storage)
+        self._file = None
+        self._conn = None
+        if self.kind in ("journal", "sqlite"):
+            path = storage if self.kind == "journal" else storage.split(":///", 1)[1]
+            self._file = open(_local_lock_path(path, f"gate {study_name}"), "a")
+        elif self.kind == "postgresql":
+            self._key = _lock_key(study_name)
+            self._engine = sqlalchemy.create_engine(storage, poolclass=sqlalchemy.pool.NullPool)
+            self._conn = self._engine.connect()
+
+    def __enter__(self) -> TrialGate:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+        elif self._conn is not None:
+            self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+        elif self._conn is not None:
+            self._conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
+            self._conn.commit()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._engine.dispose()
