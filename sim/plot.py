@@ -9,7 +9,8 @@ trace and profile in it, with one colour per policy throughout:
 Study figures read any optuna study (storage URL + name, or a folder holding its SQLite file): optimisation
 history, parameter importances, the Pareto front of multi-objective studies, and per-row speedups when trials
 carry rows (a user attribute holding a list of objects with a numeric `speedup`). The same functions draw the
-notebooks' figures. Same inputs, same file names and bytes.
+notebooks' figures and the tuning lab's report (sim/report.py: studies/NAME/{history,importances,pareto,rows}.png,
+its rows replayed from the matrix, with the min_row_speedup limit). Same inputs, same file names and bytes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e
 ACCEPTED, REJECTED, OWN, PAUSED, CONFIRM = "#2ca02c", "#e74c3c", "#9aa5b1", "#f5cba7", "#8e44ad"
 # Pinned PNG metadata: the default carries matplotlib's version, which would change bytes across installs.
 PNG_METADATA = {"Software": None}
+DPI = 110  # default resolution of every PNG
 
 
 class PlotError(ValueError):
@@ -192,12 +194,12 @@ def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def save(fig: Figure, path: Path, dpi: int) -> Path:
+def save(fig: Figure, path: Path, dpi: int = DPI) -> Path:
     fig.savefig(path, dpi=dpi, metadata=PNG_METADATA)
     return path
 
 
-def write_round_figures(runs: Sequence[Run], out: Path, dpi: int = 110) -> list[Path]:
+def write_round_figures(runs: Sequence[Run], out: Path, dpi: int = DPI) -> list[Path]:
     """timeline, rounds and gap PNGs per trace and profile: OUT/TRACE_PROFILE_{timeline,rounds,gap}.png."""
     written = []
     for prefix, group in group_runs(runs).items():
@@ -232,12 +234,13 @@ def objective_names(study: Any) -> list[str]:
 
 
 def best_trial(study: Any) -> Any | None:
-    """The feasible complete trial best on the first objective (None when there is none)."""
+    """The feasible complete trial best on the first objective (None when there is none); ties go to the next
+    objectives in turn, which keeps the pick on the Pareto front, then to the lowest trial number."""
     trials = [t for t in complete_trials(study) if feasible(t)]
     if not trials:
         return None
-    sign = 1 if study.directions[0].name == "MAXIMIZE" else -1
-    return max(trials, key=lambda t: (sign * t.values[0], -t.number))
+    signs = [1 if d.name == "MAXIMIZE" else -1 for d in study.directions]
+    return max(trials, key=lambda t: (*(s * v for s, v in zip(signs, t.values)), -t.number))
 
 
 def history_figure(study: Any) -> Figure:
@@ -270,20 +273,21 @@ def history_figure(study: Any) -> Figure:
 
 
 def importances(study: Any) -> tuple[list[dict[str, float]], str]:
-    """Parameter importances per objective (optuna's default evaluator), or ([], why not)."""
+    """Parameter importances per objective (PED-ANOVA, optuna's default; no scikit-learn needed), or ([], why not)."""
     optuna = _optuna()
     if len(complete_trials(study)) < 2:
         return [], "fewer than 2 complete trials"
     result = []
     for i, direction in enumerate(study.directions):
-        # The default evaluator (PED-ANOVA) ranks what leads to *low* targets: maximised objectives enter negated.
+        # PED-ANOVA ranks what leads to *low* targets: maximised objectives enter negated.
         # A single objective goes in as the study's own (it knows the direction); only an explicit target warns.
         sign = -1.0 if direction.name == "MAXIMIZE" else 1.0
         target = None if len(study.directions) == 1 else (lambda t, i=i, sign=sign: sign * t.values[i])
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*computes the importances of params to achieve low")
-                result.append(optuna.importance.get_param_importances(study, target=target))
+                result.append(optuna.importance.get_param_importances(
+                    study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), target=target))
         except (RuntimeError, ValueError) as err:
             return [], f"optuna could not evaluate importances ({err})"
     if not any(result):
@@ -291,20 +295,23 @@ def importances(study: Any) -> tuple[list[dict[str, float]], str]:
     return result, ""
 
 
-def importances_figure(study: Any) -> Figure | None:
-    """Horizontal bars of each parameter's share of the objective's variation, one panel per objective."""
-    values, _ = importances(study)
+def importances_figure(study: Any, values: list[dict[str, float]] | None = None) -> Figure | None:
+    """Horizontal bars of each parameter's share of the objective's variation, one panel per objective; `values`
+    are importances(study)'s, when the caller has them already (PED-ANOVA takes seconds on a large study)."""
+    if values is None:
+        values, _ = importances(study)
     if not values:
         return None
     names = objective_names(study)
-    params = sorted({p for v in values for p in v}, key=lambda p: -max(v.get(p, 0.0) for v in values))
+    # Ties (often at 0) in name order: a set's order changes from one interpreter to the next.
+    params = sorted({p for v in values for p in v}, key=lambda p: (-max(v.get(p, 0.0) for v in values), p))
     fig = Figure(figsize=(4 + 4.5 * len(values), max(4.0, 1.5 + 0.4 * len(params))), layout="constrained")
     axes = fig.subplots(1, len(values), sharey=True, squeeze=False)
     for ax, value, name in zip(axes[0], values, names):
         ax.barh(range(len(params)), [value.get(p, 0.0) for p in params], color=PALETTE[0])
         ax.set_yticks(range(len(params)), params)
         ax.invert_yaxis()
-        ax.set_xlabel(f"importance for {name} (share, sums to 1)")
+        ax.set_xlabel(f"importance for {name} (PED-ANOVA share, sums to 1)")
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(f"Parameter importances: study {study.study_name}")
     return fig
@@ -353,23 +360,40 @@ def row_label(row: dict[str, Any], index: int) -> str:
     return " / ".join(parts) or f"row {index}"
 
 
-def rows_figure(study: Any, baseline: int | None = 0) -> tuple[Figure | None, str]:
-    """Per-row speedups of the best trial next to trial `baseline`'s (None: best only); (None, why) without rows."""
+Series = Sequence[tuple[str, Sequence[dict[str, Any]]]]  # (label, rows) pairs drawn side by side by rows_figure
+
+
+def _trial_series(study: Any, baseline: int | None) -> tuple[Series, str]:
+    """(label, rows) of trial `baseline` (when it carries rows and is not the best) and of the best trial, as the
+    trials store them; ([], why) when the best trial carries none."""
     best = best_trial(study)
     rows = trial_rows(best) if best is not None else None
     if not rows:
-        return None, "no feasible complete trial carries per-row results (a user attribute listing rows with 'speedup')"
-    series = [(f"best on {objective_names(study)[0]}: trial #{best.number}", rows, PALETTE[0])]
+        return [], "no feasible complete trial carries per-row results (a user attribute listing rows with 'speedup')"
+    series = [(f"best on {objective_names(study)[0]}: trial #{best.number}", rows)]
     if baseline is not None and baseline != best.number:
         base = next((t for t in complete_trials(study) if t.number == baseline), None)
         base_rows = trial_rows(base) if base is not None else None
         if base_rows:
-            series.insert(0, (f"trial #{baseline}", base_rows, OWN))
-    labels = [row_label(row, i) for i, row in enumerate(rows)]
+            series.insert(0, (f"trial #{baseline}", base_rows))
+    return series, ""
+
+
+def rows_figure(study: Any, baseline: int | None = 0, series: Series | None = None,
+                limit: float | None = None) -> tuple[Figure | None, str]:
+    """Per-row speedups of the best trial next to trial `baseline`'s (None: best only), or of `series`, (label, rows)
+    pairs given by the caller, the last drawn as the best; `limit` marks a min_row_speedup constraint. (None, why)
+    without rows."""
+    if series is None:
+        series, why = _trial_series(study, baseline)
+        if not series:
+            return None, why
+    labels = [row_label(row, i) for i, row in enumerate(series[-1][1])]
+    tints = [OWN] * (len(series) - 1) + [PALETTE[0]]
     fig = Figure(figsize=(10, max(4.0, 1.8 + 0.42 * len(labels) * len(series))), layout="constrained")
     ax = fig.subplots()
     height = 0.8 / len(series)
-    for k, (name, values, colour) in enumerate(series):
+    for k, ((name, values), colour) in enumerate(zip(series, tints)):
         by_label = {row_label(row, i): row["speedup"] for i, row in enumerate(values)}
         ys = [i + k * height for i in range(len(labels))]
         xs = [by_label.get(label, math.nan) for label in labels]
@@ -378,10 +402,13 @@ def rows_figure(study: Any, baseline: int | None = 0) -> tuple[Figure | None, st
             if not math.isnan(x):
                 ax.text(x, y, f" {x:.3f}x", va="center", fontsize=8)
     ax.axvline(1.0, color="black", ls="--", lw=1, label="plain decoding (1.0x)")
+    if limit is not None:
+        ax.axvline(limit, color=REJECTED, ls=":", lw=1.5, label=f"min_row_speedup {limit:g} (constraint)")
     ax.set_yticks([i + height * (len(series) - 1) / 2 for i in range(len(labels))], labels)
     ax.invert_yaxis()
-    speedups = [row["speedup"] for _, values, _ in series for row in values]
-    ax.set_xlim(min(0.9, min(speedups) - 0.05), max(1.1, max(speedups)) * 1.08)  # room for the value labels
+    speedups = [row["speedup"] for _, values in series for row in values]
+    low = min(0.9, min(speedups) - 0.05, math.inf if limit is None else limit - 0.05)
+    ax.set_xlim(low, max(1.1, max(speedups)) * 1.08)  # room for the value labels
     ax.set_xlabel("speedup over plain decoding (x; plain time / policy time)")
     ax.grid(axis="x", alpha=0.3)
     fig.legend(loc="outside lower center", ncol=3, fontsize=9)
@@ -428,29 +455,31 @@ def open_study(storage: str, name: str | None) -> Any:
     return optuna.load_study(study_name=name or names[0], storage=storage)
 
 
-def write_study_figures(study: Any, out: Path, dpi: int = 110, baseline: int | None = 0) -> tuple[list[Path], list[str]]:
-    """OUT/STUDY_{history,importances,pareto,rows}.png; returns the files written and a note per figure skipped."""
+def study_figures(study: Any, baseline: int | None = 0, series: Series | None = None, limit: float | None = None,
+                  found: tuple[list[dict[str, float]], str] | None = None) -> tuple[dict[str, Figure], list[str]]:
+    """The figures a study supports by kind (history, importances, pareto, rows) and a note per kind skipped.
+
+    `baseline`, `series` and `limit` go to rows_figure; `found` is importances(study), when the caller has it."""
     if not complete_trials(study):
         raise PlotError(f"study {study.study_name} has no complete trial to plot")
-    written, notes = [], []
+    values, why = found if found is not None else importances(study)
+    rows, why_no_rows = rows_figure(study, baseline, series, limit)
+    figures, notes = {"history": history_figure(study)}, []
+    for kind, fig, why_not in (("importances", importances_figure(study, values), why),
+                               ("pareto", pareto_figure(study), "single-objective study"),
+                               ("rows", rows, why_no_rows)):
+        if fig is None:
+            notes.append(f"{kind} skipped: {why_not}")
+        else:
+            figures[kind] = fig
+    return figures, notes
+
+
+def write_study_figures(study: Any, out: Path, dpi: int = DPI, baseline: int | None = 0) -> tuple[list[Path], list[str]]:
+    """OUT/STUDY_{history,importances,pareto,rows}.png; returns the files written and a note per figure skipped."""
+    figures, notes = study_figures(study, baseline)
     prefix = file_part(study.study_name)
-    written.append(save(history_figure(study), out / f"{prefix}_history.png", dpi))
-    fig = importances_figure(study)
-    if fig is None:
-        notes.append(f"importances skipped: {importances(study)[1]}")
-    else:
-        written.append(save(fig, out / f"{prefix}_importances.png", dpi))
-    fig = pareto_figure(study)
-    if fig is None:
-        notes.append("pareto skipped: single-objective study")
-    else:
-        written.append(save(fig, out / f"{prefix}_pareto.png", dpi))
-    fig, why = rows_figure(study, baseline)
-    if fig is None:
-        notes.append(f"rows skipped: {why}")
-    else:
-        written.append(save(fig, out / f"{prefix}_rows.png", dpi))
-    return written, notes
+    return [save(fig, out / f"{prefix}_{kind}.png", dpi) for kind, fig in figures.items()], notes
 
 
 # ---------------------------------------------------------------- command line
@@ -485,8 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     for each in (rounds, study):
         each.add_argument("--out", default="figures", metavar="DIR", help="folder for the PNG files, created if "
                           "missing (default: figures)")
-        each.add_argument("--dpi", type=int, default=110, help="resolution of the PNG files in dots per inch "
-                          "(default 110)")
+        each.add_argument("--dpi", type=int, default=DPI, help="resolution of the PNG files in dots per inch "
+                          f"(default {DPI})")
     return parser
 
 

@@ -3,13 +3,15 @@
 Everything here is a function of the stored trials, the spec and the inputs
 (trial numbers, parameters, values; never wall-clock times), so the same study
 gives byte-identical files. best.yaml is a `{policy, params}` configuration that
-`python -m sim.replay --config best.yaml TRACE...` accepts.
+`python -m sim.replay --config best.yaml TRACE...` accepts. The best trial, the
+importances and the figures come from sim/plot.py, as `python -m sim.plot study`
+draws them; only the per-row bars are the report's own rows (baseline and best,
+replayed on the matrix here), with the min_row_speedup limit marked.
 """
 
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,28 +19,14 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from sim import plot
 from sim.evaluate import COUNTERS, Matrix, Row, constraint_values, score
 from sim.study import StudySpec
 from sim.tune_storage import kind_of, redacted
 
 SCORES = ("geomean_speedup", "mean_speedup", "worst_row")
-
-
-def feasible(trial: FrozenTrial) -> bool:
-    return all(c <= 0 for c in trial.constraints.values())
-
-
-def _dominates(a: FrozenTrial, b: FrozenTrial) -> bool:
-    return all(x >= y for x, y in zip(a.values, b.values)) and a.values != b.values
-
-
-def pick_best(spec: StudySpec, trials: Sequence[FrozenTrial]) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
-    """The best feasible trial (ties: lowest number) and, for several objectives, the feasible Pareto front."""
-    done = sorted((t for t in trials if t.state == TrialState.COMPLETE and feasible(t)), key=lambda t: t.number)
-    front = [t for t in done if not any(_dominates(o, t) for o in done)] if spec.multi_objective else []
-    pool = front or done
-    best = max(pool, key=lambda t: (t.values[0], -t.number)) if pool else None
-    return best, front
+FIGURES = {"history": "optimization history", "importances": "parameter importances", "pareto": "Pareto front",
+           "rows": "per-row speedup"}  # alt text of each PNG sim.plot can draw, by file stem
 
 
 def dashboard_command(storage: str) -> str:
@@ -59,7 +47,7 @@ def _scores(rows: Sequence[Row], spec: StudySpec) -> dict[str, float]:
 def _counts(trials: Sequence[FrozenTrial]) -> str:
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
-    infeasible = sum(not feasible(t) for t in complete)
+    infeasible = sum(not plot.feasible(t) for t in complete)
     invalid = sum("invalid" in t.user_attrs for t in trials if t.state == TrialState.PRUNED)
     return (f"{len(trials)} trials: {by_state['complete']} complete ({len(complete) - infeasible} feasible, "
             f"{infeasible} infeasible: kept, marked by the constraint), {by_state['pruned']} pruned "
@@ -78,7 +66,7 @@ def _rows_table(base: Sequence[Row], best: Sequence[Row]) -> list[str]:
 
 
 def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n: int = 10) -> list[str]:
-    done = [t for t in trials if t.state == TrialState.COMPLETE and feasible(t)]
+    done = [t for t in trials if t.state == TrialState.COMPLETE and plot.feasible(t)]
     done.sort(key=lambda t: (-t.values[0], t.number))
     lines = ["| trial | " + " | ".join(spec.objectives) + " | worst row | differs from baseline |", "|---|" + "---|" * (len(spec.objectives) + 2)]
     for t in done[:n]:
@@ -89,11 +77,15 @@ def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n
 
 
 def render(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path,
-           importances: dict[str, float] | None, plots: bool) -> tuple[str, dict[str, Any] | None, str]:
-    """(report.md text, best.yaml mapping or None, one-paragraph summary)."""
+           rows: tuple[list[Row], list[Row] | None], importances: dict[str, float],
+           figures: tuple[list[str], list[str]] | None) -> tuple[str, dict[str, Any] | None, str]:
+    """(report.md text, best.yaml mapping or None, one-paragraph summary).
+
+    rows: the baseline's and the best trial's rows on the matrix; figures: PNG names and a note per figure skipped."""
     trials = study.get_trials(deepcopy=False)
-    best, front = pick_best(spec, trials)
-    base_rows = matrix.evaluate(spec.baseline)
+    best = plot.best_trial(study)  # feasible, best on the first objective, on the Pareto front
+    base_rows, best_rows = rows
+    front = sorted(study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
     base_scores = _scores(base_rows, spec)
     lim = spec.constraints.get("min_row_speedup")
     lines = [f"# Study `{spec.name}`: {spec.policy} over {len(matrix.traces)} traces x {len(matrix.profiles)} profiles", ""]
@@ -104,10 +96,9 @@ def render(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, o
     if best is None:
         summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
         lines += ["**No feasible completed trial yet.** No best.yaml was written.", ""]
-        best_rows: list[Row] = base_rows
+        best_rows = base_rows
     else:
         config = spec.config(best.params)
-        best_rows = matrix.evaluate(config)
         best_scores = _scores(best_rows, spec)
         gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
         summary = (f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
@@ -137,9 +128,10 @@ def render(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, o
     if importances:
         lines += ["## Parameter importances (PED-ANOVA, first objective)", "", "| parameter | importance |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in importances.items()] + [""]
-    if plots:
-        lines += ["## Plots", "", "![optimization history](history.png)", "", "![parameter importances](importances.png)",
-                  "", "![per-row speedup](rows.png)", ""]
+    if figures is not None:
+        names, notes = figures
+        lines += ["## Plots", ""] + [f"![{FIGURES[Path(name).stem]}]({name})\n" for name in names]
+        lines += [f"- {note}" for note in notes] + ([""] if notes else [])
     lines += _provenance(spec, matrix, study, storage, out)
     return "\n".join(lines), best_yaml, summary
 
@@ -178,34 +170,35 @@ def _provenance(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: s
     return lines
 
 
-def param_importances(spec: StudySpec, study: optuna.Study) -> dict[str, float] | None:
-    """PED-ANOVA importances (optuna's default; needs no scikit-learn) of the first objective over complete trials; None when there is too little to fit."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    if len(done) < 2 or len(spec.search_space) < 2:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            values = optuna.importance.get_param_importances(
-                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: t.values[0])
-        except (RuntimeError, ValueError):
-            return None
-    return {k: float(v) for k, v in sorted(values.items(), key=lambda kv: (-kv[1], kv[0]))}
+def _plot_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    return [{"trace": r.trace, "profile": r.profile, "speedup": r.speedup} for r in rows]
+
+
+def write_figures(spec: StudySpec, study: optuna.Study, found: tuple[list[dict[str, float]], str],
+                  rows: tuple[list[Row], list[Row] | None], out: Path) -> tuple[list[str], list[str]]:
+    """OUT/{history,importances,pareto,rows}.png through sim.plot, the rows figure from the baseline's and the best
+    trial's rows on the matrix; (file names written, a note per figure skipped)."""
+    if not plot.complete_trials(study):
+        return [], ["plots: no complete trial yet"]
+    base_rows, best_rows = rows
+    series = [(f"baseline ({spec.baseline.policy} as the spec sets it)", _plot_rows(base_rows))]
+    if best_rows is not None:
+        series.append((f"best feasible: trial #{plot.best_trial(study).number}", _plot_rows(best_rows)))
+    figures, notes = plot.study_figures(study, series=series, limit=spec.constraints.get("min_row_speedup"),
+                                        found=found)
+    return [plot.save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes
 
 
 def write_report(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path,
                  plots: bool = True) -> str:
     out.mkdir(parents=True, exist_ok=True)
-    importances = param_importances(spec, study)
-    text, best_yaml, summary = render(spec, matrix, study, storage, out, importances, plots)
+    found = plot.importances(study)  # PED-ANOVA per objective; the table shows the first
+    importances = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
+    best = plot.best_trial(study)
+    rows = (matrix.evaluate(spec.baseline), matrix.evaluate(spec.config(best.params)) if best else None)
+    figures = write_figures(spec, study, found, rows, out) if plots else None
+    text, best_yaml, summary = render(spec, matrix, study, storage, out, rows, importances, figures)
     (out / "report.md").write_text(text, encoding="utf-8")
     if best_yaml is not None:
         (out / "best.yaml").write_text(yaml.safe_dump(best_yaml, sort_keys=True), encoding="utf-8")
-    if plots:
-        from sim.report_plots import plot_all  # matplotlib only when plots are asked for
-
-        best, _ = pick_best(spec, study.get_trials(deepcopy=False))
-        best_rows = matrix.evaluate(spec.config(best.params)) if best else None
-        plot_all(spec, study, importances, matrix.evaluate(spec.baseline), best_rows, out)
     return f"{summary}\nreport: {out / 'report.md'}"

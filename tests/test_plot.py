@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import ROOT
+from matplotlib.colors import to_rgba
 from PIL import Image
 
 from sim.config import make_config
@@ -140,6 +141,44 @@ def test_best_trial_is_the_best_feasible_one(tmp_path):
     assert plot.trial_rows(best) == [{"trace": "t", "profile": "p", "speedup": 1.5}]
     fig, why = plot.rows_figure(study, baseline=None)
     assert why == "" and fig.axes[0].get_yticklabels()[0].get_text() == "t / p"
+
+
+def test_best_trial_breaks_ties_on_the_next_objective(tmp_path):
+    """Two feasible trials equal on the first objective: the one better on the second (the Pareto-front one) is best,
+    however their numbers fall; an infeasible trial better on both never is."""
+    study = optuna.create_study(study_name="ties", storage=f"sqlite:///{tmp_path / 't.db'}",
+                                directions=["maximize", "maximize"])
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for i, (values, violation) in enumerate((([1.2, 0.90], 0.0), ([1.2, 0.95], 0.0), ([1.1, 1.0], 0.0),
+                                             ([1.3, 1.0], 0.1))):
+        study.add_trial(optuna.trial.create_trial(params={"x": i / 4}, distributions=dist, values=values,
+                                                  system_attrs={"constraints:min_row_speedup": violation}))
+    assert plot.best_trial(study).number == 1
+    assert 1 in [t.number for t in study.best_trials] and 0 not in [t.number for t in study.best_trials]
+
+
+def test_rows_figure_draws_the_callers_rows_and_the_constraint_limit(tmp_path):
+    """Rows given by the caller (the tuning lab's baseline and best, replayed on its matrix) are drawn instead of
+    the trials' stored rows, in the caller's order, the last in the best's colour, with the min_row_speedup limit
+    as a labelled vertical line."""
+    make_study(f"sqlite:///{tmp_path / 's.db'}", multi=False, rows=False, n_trials=2)
+    study = optuna.load_study(study_name="demo", storage=f"sqlite:///{tmp_path / 's.db'}")
+    profile = load_profile("gb10-qwen3-8b-4bit")
+    series = [(policy, [{"trace": r["trace"], "profile": r["profile"]["name"], "speedup": r["speedup"]}
+                        for r in (replay(read_trace(t), make_config(policy, {}), profile, fast=True) for t in TRACES)])
+              for policy in ("graded", "gated")]
+    assert plot.rows_figure(study)[0] is None  # its trials store no rows
+    fig, why = plot.rows_figure(study, series=series, limit=0.98)
+    ax = fig.axes[0]
+    assert why == "" and [c.get_label() for c in ax.containers] == ["graded", "gated"]
+    assert [[bar.get_width() for bar in c] for c in ax.containers] == [[r["speedup"] for r in rows]
+                                                                       for _, rows in series]
+    assert [c[0].get_facecolor() for c in ax.containers] == [to_rgba(plot.OWN), to_rgba(plot.PALETTE[0])]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["email / gb10-qwen3-8b-4bit",
+                                                            "edit_json / gb10-qwen3-8b-4bit"]
+    limit = [line for line in ax.get_lines() if line.get_label() == "min_row_speedup 0.98 (constraint)"]
+    assert len(limit) == 1 and list(limit[0].get_xdata()) == [0.98, 0.98]
+    assert ax.get_xlim()[0] < 0.98
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,15 +141,21 @@ def test_invalid_pairs_are_pruned_and_ranked_below_every_infeasible_trial(tmp_pa
 
 
 def test_two_objectives_run_nsga2_and_report_the_pareto_front(tmp_path, monkeypatch):
-    """`objectives: [geomean_speedup, worst_row]` gives a two-valued study and a Pareto front in the report."""
+    """`objectives: [geomean_speedup, worst_row]` gives a two-valued study, a Pareto front in the report, and
+    sim.plot's four figures in the study folder, each linked from report.md and nothing else linked."""
     monkeypatch.chdir(tmp_path)
     path = spec_file(tmp_path, extra="objectives: [geomean_speedup, worst_row]\n")
     path.write_text(path.read_text().replace("sampler: {name: random, seed: 1}\n", ""))
-    assert main([str(path), "--n-trials", "6", "--no-plots"]) == 0
+    assert main([str(path), "--n-trials", "6"]) == 0
     study = load(tmp_path)
     assert len(study.directions) == 2
     assert all(len(t.values) == 2 for t in study.trials)
-    assert "## Pareto front (feasible)" in (tmp_path / "studies" / "tiny" / "report.md").read_text()
+    out = tmp_path / "studies" / "tiny"
+    report = (out / "report.md").read_text()
+    assert "## Pareto front (feasible)" in report
+    pngs = ["history.png", "importances.png", "pareto.png", "rows.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == pngs
+    assert re.findall(r"!\[[^]]+\]\(([^)]+)\)", report) == pngs
 
 
 def test_best_yaml_round_trips_into_sim_replay(tmp_path, monkeypatch):
