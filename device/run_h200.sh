@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Closed loop on one NVIDIA H200 (issue 5): sim.widthcost, then scripted sim.confirm on the bundled
+# traces, for random-weight qwen3-1.7b and qwen3-8b shapes in bf16. Everything lands under $OUT
+# (8 files at most come back: versions.txt, log.txt, two profiles, two confirm.{json,md} pairs).
+# About 5-6 minutes of device time; every step has its own timeout. How to run: device/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/draftlab-h200}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+# The machine's image has torch, transformers, numpy, yaml, tiktoken and tqdm; simpy travels as a wheel in .whl/.
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+python3 - <<'PY' | tee "$OUT/versions.txt"
+import platform, torch, transformers, simpy
+print("python", platform.python_version(), "torch", torch.__version__, "transformers", transformers.__version__,
+      "simpy", simpy.__version__)
+print(torch.cuda.get_device_name(), "CUDA", torch.version.cuda)
+PY
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee -a "$OUT/versions.txt"
+
+# Traces cut at 160 tokens (email has 125) keep both models inside the budget: about 765 tokens x 3 arms
+# x 2 repetitions per model. Each step gets at most its own cap and never more than the time left of 470 s.
+deadline=$((SECONDS + 470))
+left() {  # seconds for the next step: its cap, or what is left (at least 1: `timeout 0` would mean no limit)
+  local t=$((deadline - SECONDS))
+  if [ "$t" -lt 1 ]; then echo 1; elif [ "$t" -lt "$1" ]; then echo "$t"; else echo "$1"; fi
+}
+for arch in qwen3-1.7b qwen3-8b; do
+  profile="$OUT/h200-$arch-bf16-random.yaml"
+  timeout "$(left 100)" python3 -m sim.widthcost --arch "$arch" --device cuda --dtype bfloat16 \
+    --rounds 15 --warmup 3 --prompt-tokens 300 --out "$profile" || echo "widthcost $arch exited $?"
+  timeout "$(left 200)" python3 -m sim.confirm traces/*.jsonl --scripted --arch "$arch" --device cuda \
+    --dtype bfloat16 --profile "$profile" --policies graded,gated --reps 2 --max-tokens 160 --out "$OUT/confirm-$arch" \
+    || echo "confirm $arch exited $?"
+done

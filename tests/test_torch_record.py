@@ -1,0 +1,153 @@
+"""`python -m sim.record` (issue 5 item 2): a recorded trace is valid format v1 with the promised header and a
+margin per token, margins are the top-1 minus top-2 logit, a run killed mid-way leaves a `.partial` that the reader
+accepts (with a warning) as a prefix of the full run, and bad input is one `error:` line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from conftest import ROOT  # noqa: E402
+
+from sim.record import main  # noqa: E402
+from sim.trace import read_trace, write_trace  # noqa: E402
+
+MODEL = ["--arch", "tiny", "--device", "cpu", "--threads", "1"]
+
+
+@pytest.fixture
+def prompt_trace(tmp_path):
+    """A trace file used only for its prompt tokens (a repetitive prompt)."""
+    path = tmp_path / "prompts" / "repeats.jsonl"
+    write_trace(path, {"prompt_tokens": [5, 6, 7, 8] * 8, "stop": "max_tokens"}, [1])
+    return str(path)
+
+
+def test_record_writes_a_valid_trace_with_header_and_margins(tmp_path, prompt_trace, capsys):
+    """A text prompt and a trace prompt each become NAME.jsonl: header with model, dtype, device, versions and
+    tokenizer, one token line per token with its margin (= top-1 minus top-2 of the recorded top-k), no .partial."""
+    text = tmp_path / "hello.txt"
+    text.write_text("Write hello world twice: hello world hello world\n")
+    out = tmp_path / "out"
+    code = main([str(text), prompt_trace, "--out", str(out), "--max-tokens", "24", "--top", "3", *MODEL])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["hello.jsonl", "repeats.jsonl"]
+    trace = read_trace(out / "hello.jsonl")
+    h = trace.header
+    assert h["source"] == "recorded" and h["model"] == "tiny" and h["dtype"] == "float32"
+    assert h["tokenizer"] == "gpt2" and h["eos_token_ids"] == [50256] and h["device"].startswith("cpu")
+    assert set(h["versions"]) == {"python", "torch", "transformers"}
+    assert h["stop"] == "max_tokens" and h["max_tokens"] == 24 and len(trace.tokens) == 24
+    from sim.tokenizer import load_gpt2
+
+    assert list(trace.prompt_tokens) == load_gpt2().encode(text.read_text().rstrip("\n"))
+    for token, margin, top in zip(trace.tokens, trace.margins, trace.tops):
+        assert top[0][0] == token and len(top) == 3
+        assert margin == pytest.approx(top[0][1] - top[1][1], abs=2e-5) and margin >= 0
+    assert read_trace(out / "repeats.jsonl").prompt_tokens == tuple([5, 6, 7, 8] * 8)
+
+
+def test_a_checkpoint_tokenizer_with_a_chat_template_encodes_the_prompt(tmp_path, capsys):
+    """With --model PATH holding a tokenizer with a chat template, the prompt goes through the template (unless
+    --no-chat-template), and the header says so."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from sim.model import load_model
+
+    checkpoint = tmp_path / "ckpt"
+    load_model(arch="tiny", device="cpu").model.save_pretrained(checkpoint)
+    vocab = {"[UNK]": 0, "<|user|>": 1, "<|assistant|>": 2, "hello": 3, "world": 4}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    template = ("{% for m in messages %}<|user|> {{ m['content'] }} {% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", chat_template=template)
+    tokenizer.save_pretrained(checkpoint)
+    text = tmp_path / "greet.txt"
+    text.write_text("hello world\n")
+    for flags, expected, chat in (([], [1, 3, 4, 2], True), (["--no-chat-template"], [3, 4], False)):
+        out = tmp_path / f"out{len(flags)}"
+        assert main([str(text), "--out", str(out), "--max-tokens", "4", "--model", str(checkpoint), "--device", "cpu",
+                     *flags]) == 0, capsys.readouterr().err
+        trace = read_trace(out / "greet.jsonl")
+        assert list(trace.prompt_tokens) == expected and trace.header["chat_template"] is chat
+        assert trace.header["model_info"]["weights"] == "checkpoint"
+
+
+def test_recording_is_deterministic(tmp_path, prompt_trace):
+    """Same model, prompt and settings: byte-identical trace files, apart from the command line in the header."""
+    texts = []
+    for name in ("a", "b"):
+        assert main([prompt_trace, "--out", str(tmp_path / name), "--max-tokens", "16", *MODEL]) == 0
+        lines = (tmp_path / name / "repeats.jsonl").read_text().splitlines()
+        header = json.loads(lines[0])
+        header.pop("command")
+        texts.append([header, lines[1:]])
+    assert texts[0] == texts[1]
+
+
+def test_a_killed_recording_leaves_a_readable_partial(tmp_path, prompt_trace):
+    """Killed (SIGKILL) mid-run, the recorder leaves NAME.jsonl.partial: flushed lines, readable with a warning, its
+    tokens a prefix of the full run's."""
+    out = tmp_path / "out"
+    partial = out / "repeats.jsonl.partial"
+    proc = subprocess.Popen([sys.executable, "-m", "sim.record", prompt_trace, "--out", str(out),
+                             "--max-tokens", "100000", *MODEL], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if partial.exists() and partial.read_text().count("\n") > 20:
+                break
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (out / "repeats.jsonl").exists()
+    data = partial.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]  # lines are flushed whole; a kill inside a write would cut one
+    partial.write_bytes(complete + b'{"type": "token", "id": 12')
+    with pytest.warns(UserWarning, match="unfinished last line of a partial trace ignored"):
+        cut = read_trace(partial)
+    assert len(cut.tokens) >= 20 and cut.stop == "max_tokens"
+    assert main([prompt_trace, "--out", str(tmp_path / "full"), "--max-tokens", str(len(cut.tokens)), *MODEL]) == 0
+    assert read_trace(tmp_path / "full" / "repeats.jsonl").tokens == cut.tokens
+
+
+def test_missing_checkpoint_is_one_error_line_and_exit_2(tmp_path, prompt_trace):
+    """`--model` naming no directory: exit 2 and one `error:` line naming it, no traceback (the real command)."""
+    done = subprocess.run([sys.executable, "-m", "sim.record", prompt_trace, "--out", str(tmp_path),
+                           "--model", "/no/such/checkpoint", "--device", "cpu"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr == ("error: --model /no/such/checkpoint: no such directory "
+                           "(a local Hugging Face checkpoint directory is expected)\n")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+    (["--top", "-1"], "--top must be >= 0"),
+    (["--threads", "0"], "--threads must be >= 1"),
+])
+def test_bad_settings_are_one_error_line_and_exit_2(prompt_trace, tmp_path, capsys, args, fragment):
+    """A zero token cap, a negative top-k or zero threads: exit 2 and one `error:` line."""
+    assert main([prompt_trace, "--out", str(tmp_path), "--arch", "tiny", "--device", "cpu", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err
+
+
+def test_missing_prompt_file_is_an_error(tmp_path, capsys):
+    """A prompt file that does not exist is named in the one error line."""
+    assert main([str(tmp_path / "nope.txt"), "--out", str(tmp_path), *MODEL]) == 2
+    assert "nope.txt: no such prompt file" in capsys.readouterr().err
