@@ -128,8 +128,10 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceError(f"{path}: cannot read ({err.strerror})") from None
     lines = data.split(b"\n")
     last_complete = len(lines) - 1  # text after the final newline is an unfinished line
-    if lines[-1] and partial:
-        warnings.warn(f"{path}:{len(lines)}: unfinished last line of a partial trace ignored", stacklevel=2)
+    if partial:  # a recording that did not finish: usable, but the user should know
+        unfinished = f"; its unfinished line {len(lines)} is ignored" if lines[-1] else ""
+        warnings.warn(f"{path}: partial trace (the recording did not finish), complete lines used{unfinished}",
+                      stacklevel=2)
     elif lines[-1]:
         raise _fail(f"{path}:{len(lines)}", "truncated last line (no newline at the end of the file)")
     header: dict | None = None

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl
@@ -254,17 +253,16 @@ def test_partial_file_keeps_complete_lines_with_a_warning(trace_file):
     """A `.partial` file's unfinished last line is dropped with a warning naming its line; complete lines are kept."""
     text = jsonl(HEADER, {"type": "token", "id": 4}, {"type": "token", "id": 5}) + '{"type": "token", "i'
     path = trace_file(text, "run.jsonl.partial")
-    with pytest.warns(UserWarning, match=r"run\.jsonl\.partial:4: unfinished last line"):
+    with pytest.warns(UserWarning, match=r"run\.jsonl\.partial: partial trace .* unfinished line 4 is ignored"):
         trace = read_trace(path)
     assert trace.tokens == (4, 5)
     assert trace.name == "run"
 
 
-def test_complete_partial_file_reads_silently(trace_file):
-    """A `.partial` file whose last line is complete reads without a warning."""
+def test_complete_partial_file_still_warns(trace_file):
+    """A `.partial` file whose last line is complete (a recorder killed between lines) reads with a warning."""
     path = trace_file(jsonl(HEADER, TOKEN), "run.jsonl.partial")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with pytest.warns(UserWarning, match=r"run\.jsonl\.partial: partial trace \(the recording did not finish\)"):
         assert read_trace(path).tokens == (7,)
 
 
