@@ -176,16 +176,15 @@ def run(
                 in_flight = False  # a proposal found now was for the token before; the next iteration verifies
             token = target.read()
             actions.append(READ)
-            if target.is_eos(token):
-                if log is not None:
-                    log.append(_entry(kind, 1, budget, proposal, 0, 0, paused, probe_made, confirmed, governor,
-                                      len(actions)))
-                break
-            context.append(token)
-            emitted += 1
+            eos = target.is_eos(token)
+            if not eos:
+                context.append(token)
+                emitted += 1
             if log is not None:
-                log.append(_entry(kind, 1, budget, proposal, 0, 1, paused, probe_made, confirmed, governor,
+                log.append(_entry(kind, 1, budget, proposal, 0, int(not eos), paused, probe_made, confirmed, governor,
                                   len(actions)))
+            if eos:
+                break
             continue
 
         # 6. Nothing to verify after a streak of plain rounds (or while probing): pipeline a plain step.
