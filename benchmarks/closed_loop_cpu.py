@@ -43,7 +43,7 @@ from sim import confirm as confirm_mod  # noqa: E402
 from sim.costs import load_profile  # noqa: E402
 from sim.des import plain_actions  # noqa: E402
 from sim.loop import READ, STEP, TraceTarget, run  # noqa: E402
-from sim.replay import drafter_for, effective_max_tokens  # noqa: E402
+from sim.replay import drafter_for, effective_max_tokens, stopped_on_eos  # noqa: E402
 from sim.trace import read_trace, write_atomic  # noqa: E402
 from sim.widthcost import measure, pool, profile_data, write_profile  # noqa: E402
 
@@ -105,8 +105,7 @@ def context_prediction(trace, config, profile, device) -> float:
     target = _Positions(trace)
     result = run(target, config.governor(), config.loop, trace.prompt_tokens, cap,
                  drafter_for(trace, config.loop.ngram_min, config.loop.ngram_max))
-    stopped_on_eos = cap is None or result.counters.generated < cap
-    plain = plain_actions(result.counters.generated, stopped_on_eos)
+    plain = plain_actions(result.counters.generated, stopped_on_eos(cap, result.counters.generated))
     base = len(trace.prompt_tokens)
     plain_contexts = [base + i for i in range(1, plain.count(STEP) + 1)]
     prefill = profile.prefill_ms(base)

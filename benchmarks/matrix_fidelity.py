@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from sim.config import make_config  # noqa: E402
 from sim.costs import load_profile  # noqa: E402
 from sim.replay import replay  # noqa: E402
-from sim.trace import read_trace  # noqa: E402
+from sim.trace import read_trace, write_atomic  # noqa: E402
 
 MATRIX = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "matrix-run1-probation-on-any-token.csv"
 TRACE_OF = {"edit_fn": "edit_fn", "edit_json": "edit_json", "summary": "summary", "write": "email", "story": "story"}
@@ -62,13 +62,12 @@ def main() -> int:
         "sign_agreement": sum((r["measured_x"] > 1) == (r["simulated_x"] > 1) for r in rows) / len(rows),
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "matrix_fidelity", "command": "python benchmarks/matrix_fidelity.py",
+    write_atomic(out, json.dumps({"benchmark": "matrix_fidelity", "command": "python benchmarks/matrix_fidelity.py",
                                "summary": summary, "rows": rows}, indent=1, sort_keys=True) + "\n")
     lines = ["| model | prompt | arm | measured x | simulated x | error (points) |", "|---|---|---|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['prompt']} | {r['arm']} | {r['measured_x']:.3f} | {r['simulated_x']:.3f} | "
               f"{r['error_points']:+.1f} |" for r in rows]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
     print(json.dumps(summary, indent=1, sort_keys=True))
     return 0
 

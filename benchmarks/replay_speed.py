@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from sim.config import make_config  # noqa: E402
 from sim.costs import bundled_profiles, load_profile  # noqa: E402
 from sim.replay import replay, run_trace  # noqa: E402
-from sim.trace import read_trace  # noqa: E402
+from sim.trace import read_trace, write_atomic  # noqa: E402
 
 POLICIES = ("graded", "gated")
 
@@ -70,8 +70,7 @@ def main() -> int:
         "fast_time": {"median_s": fast_median, "rounds_per_s": rounds / fast_median, "all_s": fast_s},
         "simpy_over_fast": simpy_median / fast_median,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_atomic(args.out, json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"{result['pass']['replays']} replays ({rounds} rounds) per pass, median of {args.repeats}:")
     print(f"  loop + simpy model:  {simpy_median * 1000:7.1f} ms per pass  {rounds / simpy_median:9.0f} rounds/s")
     print(f"  loop + fast_time:    {fast_median * 1000:7.1f} ms per pass  {rounds / fast_median:9.0f} rounds/s")

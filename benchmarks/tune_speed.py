@@ -35,6 +35,7 @@ from sim.config import PolicyConfig
 from sim.evaluate import Matrix
 from sim.replay import replay
 from sim.study import load_spec
+from sim.trace import write_atomic
 from sim.tune import prepare, work
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,8 +129,7 @@ def main() -> int:
         "results": results,
         "evaluate_hot_spots": hot_spots(matrix, configs),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_atomic(args.out, json.dumps(report, indent=2, sort_keys=True) + "\n")
     for name, value in results.items():
         extra = f"  (evaluate is {value['evaluate_is_x_faster']:.1f}x faster)" if "evaluate_is_x_faster" in value else ""
         print(f"{name:>14}: {value['trials_per_s']:8.1f} trials/s{extra}")

@@ -80,8 +80,14 @@ def load_config_file(path: str | Path) -> PolicyConfig:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as err:  # its str() spans several lines; the line and the problem are enough
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
     if not isinstance(raw, dict) or "policy" not in raw:
         raise ConfigError(f"{path}: expected a mapping with 'policy' and optional 'params'")
     extra = sorted(set(raw) - {"policy", "params", "notes"})

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from policies import ConfigError
+from sim.cli import Parser
 from sim.config import PolicyConfig, load_config_file, make_config, split_variant
 from sim.costs import CostProfile, ProfileError, load_profile
 from sim.lookup import PromptLookup
@@ -268,7 +269,7 @@ def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
 def build_parser() -> argparse.ArgumentParser:
     from sim.model import add_model_args
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m sim.confirm",
         description="Interleaved A/B of plain decoding and policies on a real model, beside the simulator's "
         "prediction on a profile measured on this machine.",
@@ -297,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.reps < 1:
             raise ValueError(f"--reps must be >= 1, got {args.reps}")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():  # refused before the runs, not after them
+            raise ValueError(f"--out {out} is a file, not a folder")
         arms = build_arms(args.policies, args.config)
         profile = load_profile(args.profile)
         traces = [read_trace(p) for p in args.traces]
@@ -320,10 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rows": rows,
         "summary": summary(rows, arms),
     }
-    out = Path(args.out)
-    write_atomic(out / "confirm.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(out / "confirm.md", markdown(result))
-    print(markdown(result))
+    text = markdown(result)
+    try:
+        write_atomic(out / "confirm.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
+        write_atomic(out / "confirm.md", text)
+    except OSError as err:
+        print(f"error: cannot write to {out}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Sequence
 from sim.config import PolicyConfig
 from sim.costs import CostProfile, load_profile
 from sim.des import fast_time, plain_actions
-from sim.replay import effective_max_tokens, geomean, run_trace
+from sim.replay import effective_max_tokens, geomean, run_trace, stopped_on_eos
 from sim.trace import Trace, read_trace
 
 COUNTERS = ("rounds", "drafted_rounds", "paused_rounds", "proposed", "accepted", "shadow_confirmations")
@@ -65,8 +65,7 @@ class Matrix:
         for i, trace in enumerate(self.traces):
             result = run_trace(trace, config)
             c = result.counters
-            cap = effective_max_tokens(trace, None)
-            stops_on_eos = cap is None or c.generated < cap
+            stops_on_eos = stopped_on_eos(effective_max_tokens(trace, None), c.generated)
             prompt = len(trace.prompt_tokens)
             counters = tuple(getattr(c, name) for name in COUNTERS)
             for j, profile in enumerate(self.profiles):

@@ -270,13 +270,3 @@ def model_from_args(args: argparse.Namespace) -> LoadedModel:
     return load_model(arch=args.arch, path=args.model, random_weights=args.random_weights,
                       device=args.device, dtype=args.dtype, seed=args.seed)
 
-
-def model_command_args(args: argparse.Namespace) -> list[str]:
-    """The model flags as a command line, for provenance strings."""
-    out = ["--model", args.model] if args.model else ["--arch", args.arch]
-    if args.random_weights and args.model:
-        out.append("--random-weights")
-    out += ["--seed", str(args.seed), "--device", args.device, "--dtype", args.dtype]
-    if args.threads is not None:
-        out += ["--threads", str(args.threads)]
-    return out

@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from sim.cli import Parser
 from sim.rounds import RoundsError, Run, read_rounds
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
@@ -249,9 +250,9 @@ def history_figure(study: Any) -> Figure:
     trials = complete_trials(study)
     fig = Figure(figsize=(10, 1.5 + 3.2 * len(names)), layout="constrained")
     axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)
+    ok = [t for t in trials if feasible(t)]
+    bad = [t for t in trials if not feasible(t)]
     for i, (ax, name) in enumerate(zip(axes[:, 0], names)):
-        ok = [t for t in trials if feasible(t)]
-        bad = [t for t in trials if not feasible(t)]
         ax.scatter([t.number for t in ok], [t.values[i] for t in ok], s=18, color=PALETTE[0], label="feasible trial")
         if bad:
             ax.scatter([t.number for t in bad], [t.values[i] for t in bad], s=18, facecolors="none",
@@ -437,10 +438,12 @@ def storage_in(folder: Path) -> str:
 def open_study(storage: str, name: str | None) -> Any:
     """optuna.load_study on a storage URL or a journal file path, with one-line errors; never creates a file."""
     optuna = _optuna()
-    where = re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", storage)  # errors never print a database password
+    from sim.tune_storage import is_url, redacted  # imports optuna too: here, not at the top, so round figures stay light
+
+    where = redacted(storage)  # errors never print a database password
     if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
         raise PlotError(f"{where}: no such SQLite file")
-    if "://" not in storage:
+    if not is_url(storage):
         if not Path(storage).is_file():
             raise PlotError(f"{where}: no such journal file (or give a storage URL such as sqlite:///FILE.db)")
         storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(storage))
@@ -486,7 +489,7 @@ def write_study_figures(study: Any, out: Path, dpi: int = DPI, baseline: int | N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m sim.plot",
         description="Write PNG figures of replays (from a --rounds-out file) or of an optuna study. "
         "File names are fixed by the inputs, so reruns overwrite the same files.",

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from sim.cli import Parser
 from sim.trace import TraceError, header_line, read_trace, token_line, write_trace
 
 DIGITS = 5  # logits and margins are rounded so that files stay short and diff cleanly
@@ -109,7 +110,7 @@ def record_one(lm, name: str, prompt: list[int], meta: dict[str, Any], out_dir: 
 def build_parser() -> argparse.ArgumentParser:
     from sim.model import add_model_args
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m sim.record",
         description="Record one trace per prompt from a plain greedy decode run of a real model "
         "(token ids and top-1 minus top-2 logit margins).",
@@ -143,12 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(set(names)) < len(names):
             raise ValueError(f"two prompts would write the same trace name: {', '.join(sorted(names))}")
         command = "python -m sim.record " + shlex.join(argv)
+        stack = versions()
         for name, prompt, meta in sources:
             path, count, stop = record_one(lm, name, prompt, meta, Path(args.out), args.max_tokens, args.top,
-                                           versions(), command)
+                                           stack, command)
             print(f"{path}: {len(prompt)} prompt tokens, {count} tokens, stop={stop}")
     except (ModelError, TraceError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: cannot write traces to {args.out}: {err.strerror or err}", file=sys.stderr)
         return 2
     return 0
 

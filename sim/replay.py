@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from policies import REGISTRY, ConfigError, describe
+from sim.cli import Parser
 from sim.config import PolicyConfig, load_config_file, make_config, parse_assignments, split_variant
 from sim.costs import DEFAULT_PROFILE, CostProfile, ProfileError, bundled_profiles, load_profile
 from sim.des import fast_time, plain_actions, simulate
@@ -47,6 +48,11 @@ def effective_max_tokens(trace: Trace, override: int | None) -> int | None:
     if cap is not None and override > cap:
         raise ConfigError(f"--max-tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
     return override
+
+
+def stopped_on_eos(cap: int | None, generated: int) -> bool:
+    """Whether a run that emitted `generated` tokens under `cap` ended on EOS (plain decoding then reads one more)."""
+    return cap is None or generated < cap
 
 
 def run_trace(trace: Trace, config: PolicyConfig, max_tokens: int | None = None,
@@ -82,11 +88,11 @@ def replay(trace: Trace, config: PolicyConfig, profile: CostProfile, max_tokens:
     result = run_trace(trace, config, max_tokens)
     c = result.counters
     cap = effective_max_tokens(trace, max_tokens)
-    stopped_on_eos = cap is None or c.generated < cap
     timer = fast_time if fast else simulate
     prompt = len(trace.prompt_tokens)
     time_ms = timer(result.actions, profile, prompt, jitter, seed).total_ms
-    plain_ms = timer(plain_actions(c.generated, stopped_on_eos), profile, prompt, jitter, seed).total_ms
+    plain_ms = timer(plain_actions(c.generated, stopped_on_eos(cap, c.generated)), profile, prompt, jitter,
+                     seed).total_ms
     return {
         "trace": trace.name,
         "trace_path": trace.path,
@@ -115,9 +121,8 @@ def replay_rounds(trace: Trace, config: PolicyConfig, profile: CostProfile, max_
     """`replay`'s row plus one record per loop iteration, timed by the same model (sim/rounds.py)."""
     row = replay(trace, config, profile, max_tokens, jitter, seed, fast, risk_margin)
     result = run_trace(trace, config, max_tokens, keep_rounds=True)
-    cap = effective_max_tokens(trace, max_tokens)
-    stopped_on_eos = cap is None or result.counters.generated < cap
-    records = timed_rounds(result, profile, len(trace.prompt_tokens), stopped_on_eos, jitter, seed, fast)
+    eos = stopped_on_eos(effective_max_tokens(trace, max_tokens), result.counters.generated)
+    records = timed_rounds(result, profile, len(trace.prompt_tokens), eos, jitter, seed, fast)
     # The loop and the timing model are deterministic, so the rerun must land on the row's numbers exactly.
     if records and (records[-1]["end_ms"], records[-1]["plain_ms"]) != (row["time_ms"], row["plain_time_ms"]):
         raise RuntimeError(f"{trace.path}: round records and the replay row disagree on the simulated time")
@@ -143,13 +148,8 @@ def _policy_help() -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line and exit 2, like every other bad input
-        self.exit(2, f"error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="python -m sim.replay",
         description="Replay recorded decode traces under prompt-lookup governors and simulate their time "
         "against plain decoding on a measured cost profile.",
@@ -187,9 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configs(args: argparse.Namespace) -> list[PolicyConfig]:
     settings = parse_assignments(args.settings)
-    for flag, key in (("max_draft", "max_draft"), ("ngram_min", "ngram_min"), ("ngram_max", "ngram_max")):
-        if getattr(args, flag) is not None:
-            settings[key] = getattr(args, flag)
+    for key in ("max_draft", "ngram_min", "ngram_max"):  # --max-draft and co. are shorthands for --set key=...
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     if args.config:
         base = load_config_file(args.config)
         return [make_config(base.policy, {**base.settings(), **settings})]

@@ -21,10 +21,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sim import plot
 from sim.evaluate import COUNTERS, Matrix, Row, constraint_values, score
-from sim.study import StudySpec
+from sim.study import OBJECTIVES, StudySpec
+from sim.trace import write_atomic
 from sim.tune_storage import kind_of, redacted
 
-SCORES = ("geomean_speedup", "mean_speedup", "worst_row")
+SCORES = tuple(OBJECTIVES)
 FIGURES = {"history": "optimization history", "importances": "parameter importances", "pareto": "Pareto front",
            "rows": "per-row speedup"}  # alt text of each PNG sim.plot can draw, by file stem
 
@@ -76,14 +77,14 @@ def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n
     return lines
 
 
-def render(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path,
+def render(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: str, out: Path, best: FrozenTrial | None,
            rows: tuple[list[Row], list[Row] | None], importances: dict[str, float],
            figures: tuple[list[str], list[str]] | None) -> tuple[str, dict[str, Any] | None, str]:
     """(report.md text, best.yaml mapping or None, one-paragraph summary).
 
-    rows: the baseline's and the best trial's rows on the matrix; figures: PNG names and a note per figure skipped."""
+    best: plot.best_trial(study); rows: the baseline's and the best trial's rows on the matrix; figures: PNG names
+    and a note per figure skipped."""
     trials = study.get_trials(deepcopy=False)
-    best = plot.best_trial(study)  # feasible, best on the first objective, on the Pareto front
     base_rows, best_rows = rows
     front = sorted(study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
     base_scores = _scores(base_rows, spec)
@@ -175,15 +176,16 @@ def _plot_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
 
 
 def write_figures(spec: StudySpec, study: optuna.Study, found: tuple[list[dict[str, float]], str],
-                  rows: tuple[list[Row], list[Row] | None], out: Path) -> tuple[list[str], list[str]]:
+                  best: FrozenTrial | None, rows: tuple[list[Row], list[Row] | None],
+                  out: Path) -> tuple[list[str], list[str]]:
     """OUT/{history,importances,pareto,rows}.png through sim.plot, the rows figure from the baseline's and the best
     trial's rows on the matrix; (file names written, a note per figure skipped)."""
     if not plot.complete_trials(study):
         return [], ["plots: no complete trial yet"]
     base_rows, best_rows = rows
     series = [(f"baseline ({spec.baseline.policy} as the spec sets it)", _plot_rows(base_rows))]
-    if best_rows is not None:
-        series.append((f"best feasible: trial #{plot.best_trial(study).number}", _plot_rows(best_rows)))
+    if best is not None:
+        series.append((f"best feasible: trial #{best.number}", _plot_rows(best_rows)))
     figures, notes = plot.study_figures(study, series=series, limit=spec.constraints.get("min_row_speedup"),
                                         found=found)
     return [plot.save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes
@@ -194,11 +196,11 @@ def write_report(spec: StudySpec, matrix: Matrix, study: optuna.Study, storage: 
     out.mkdir(parents=True, exist_ok=True)
     found = plot.importances(study)  # PED-ANOVA per objective; the table shows the first
     importances = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
-    best = plot.best_trial(study)
+    best = plot.best_trial(study)  # feasible, best on the first objective, on the Pareto front
     rows = (matrix.evaluate(spec.baseline), matrix.evaluate(spec.config(best.params)) if best else None)
-    figures = write_figures(spec, study, found, rows, out) if plots else None
-    text, best_yaml, summary = render(spec, matrix, study, storage, out, rows, importances, figures)
-    (out / "report.md").write_text(text, encoding="utf-8")
-    if best_yaml is not None:
-        (out / "best.yaml").write_text(yaml.safe_dump(best_yaml, sort_keys=True), encoding="utf-8")
+    figures = write_figures(spec, study, found, best, rows, out) if plots else None
+    text, best_yaml, summary = render(spec, matrix, study, storage, out, best, rows, importances, figures)
+    write_atomic(out / "report.md", text)
+    if best_yaml is not None:  # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
+        write_atomic(out / "best.yaml", yaml.safe_dump(best_yaml, sort_keys=True))
     return f"{summary}\nreport: {out / 'report.md'}"

@@ -256,7 +256,10 @@ def load_spec(path: str | Path) -> StudySpec:
         data = Path(path).read_bytes()
     except OSError:
         raise StudyError(f"{path}: no such study spec") from None
-    text = data.decode("utf-8")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StudyError(f"{path}: not UTF-8 text") from None
     r = _Reader(path, text)
     try:
         raw = yaml.safe_load(text)

@@ -50,7 +50,6 @@ class TorchTarget:
                  script_stops_on_eos: bool = True, keep_top: int = 0):
         if not prompt:
             raise ValueError("a prompt needs at least one token")
-        self.lm = lm
         self.model = lm.model
         self.device = lm.device
         self.cuda = lm.device.type == "cuda"

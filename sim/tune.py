@@ -33,10 +33,11 @@ from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
 from policies import ConfigError
+from sim.cli import Parser
 from sim.costs import ProfileError
 from sim.evaluate import Matrix, constraint_values, score
 from sim.report import write_report
-from sim.study import StudyError, StudySpec, baseline_params, check_widths, load_spec
+from sim.study import OBJECTIVES, StudyError, StudySpec, baseline_params, check_widths, load_spec
 from sim.trace import TraceError
 from sim.tune_storage import TrialGate, heartbeat, open_storage, parallel_storage, redacted
 
@@ -46,7 +47,7 @@ GATE_MARGIN = 64  # the last trials before a cap are created one worker at a tim
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m sim.tune",
         description="Search a policy family's parameters over a trace x profile matrix with optuna; rerunning "
         "continues the same study; writes best.yaml, report.md and plots to studies/NAME/.")
@@ -96,7 +97,7 @@ def run_trial(trial: Trial, spec: StudySpec, matrix: Matrix, sleep_s: float) -> 
         for name, limit in spec.constraints.items():
             trial.set_constraint(name, limit + 1.0)  # as if the worst row ran at -1x
         raise optuna.TrialPruned(str(err)) from None
-    scores = {name: score(rows, name) for name in ("geomean_speedup", "mean_speedup", "worst_row")}
+    scores = {name: score(rows, name) for name in OBJECTIVES}  # every objective, whichever the study maximises
     trial.set_user_attr("scores", scores)
     # Per-row results, as `python -m sim.plot study` and notebooks/study_results.ipynb read them.
     trial.set_user_attr("rows", [{"trace": r.trace, "trace_path": r.trace_path, "profile": r.profile,
@@ -163,12 +164,15 @@ def prepare(spec: StudySpec, storage_url: str, heartbeat_s: int) -> tuple[optuna
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(spec.objectives))
+    baseline = baseline_params(spec)
     gate = TrialGate(storage_url, spec.name)
-    with gate:  # two machines starting together enqueue it once
-        held = len(study.get_trials(deepcopy=False))
-        if held == 0 and baseline_params(spec) is not None:
-            study.enqueue_trial(baseline_params(spec), user_attrs={"baseline": True})
-    gate.close()
+    try:
+        with gate:  # two machines starting together enqueue it once
+            held = len(study.get_trials(deepcopy=False))
+            if held == 0 and baseline is not None:
+                study.enqueue_trial(baseline, user_attrs={"baseline": True})
+    finally:
+        gate.close()
     return study, held
 
 
@@ -205,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workers < 1:
             raise StudyError(f"--workers must be >= 1, got {args.workers}")
         spec = load_spec(args.spec)
+        out = Path(args.out) if args.out else Path(spec.path).parent / spec.name
+        if out.exists() and not out.is_dir():  # refused before the trials, not after them
+            raise StudyError(f"--out {out} is a file, not a folder")
         storage_url = args.storage or spec.storage
         if args.workers > 1:
             storage_url = parallel_storage(storage_url)  # SQLite is not safe for parallel writers
@@ -224,7 +231,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_workers(spec, storage_url, cap, deadline, args, study, matrix)
         except KeyboardInterrupt:
             print("interrupted: reporting the trials stored so far; rerun the same command to continue", file=sys.stderr)
-        out = Path(args.out) if args.out else Path(spec.path).parent / spec.name
         summary = write_report(spec, matrix, study, storage_url, out, plots=not args.no_plots)
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
@@ -232,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except sqlalchemy.exc.SQLAlchemyError as err:
         reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
         print(f"error: storage {redacted(storage_url or '')}: {reason}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a storage or report path that cannot be written
+        print(f"error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return 2
     print(summary)
     return 0

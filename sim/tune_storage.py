@@ -52,6 +52,11 @@ def kind_of(storage: str) -> str:
     return "rdb" if is_url(storage) else "journal"
 
 
+def sqlite_file(storage: str) -> str:
+    """The database file of a `sqlite:///FILE` URL."""
+    return storage.split(":///", 1)[1]
+
+
 def redacted(storage: str) -> str:
     """The storage as reports and errors show it: never a database password."""
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", storage)
@@ -61,8 +66,7 @@ def parallel_storage(storage: str) -> str:
     """For --workers N > 1: a SQLite storage becomes the journal file next to it; others stay."""
     if kind_of(storage) != "sqlite":
         return storage
-    path = storage.split(":///", 1)[1]
-    return str(Path(path).with_suffix("")) + ".journal.log"
+    return str(Path(sqlite_file(storage)).with_suffix("")) + ".journal.log"
 
 
 def _local_lock_path(path: str, what: str) -> Path:
@@ -132,7 +136,7 @@ def open_storage(storage: str, heartbeat_s: int) -> optuna.storages.BaseStorage:
             Path(storage).parent.mkdir(parents=True, exist_ok=True)
             return HeartbeatJournalStorage(storage, heartbeat_s, grace)
         if kind_of(storage) == "sqlite":
-            Path(storage.split(":///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+            Path(sqlite_file(storage)).parent.mkdir(parents=True, exist_ok=True)
         with _schema_lock(storage):
             rdb = RDBStorage(storage, heartbeat_interval=heartbeat_s, grace_period=grace,
                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
@@ -155,12 +159,13 @@ def _schema_lock(storage: str) -> Iterator[None]:
         yield
         return
     engine = sqlalchemy.create_engine(storage, poolclass=sqlalchemy.pool.NullPool)
+    key = {"k": _lock_key("draftlab optuna schema")}
     with engine.connect() as conn:
-        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _lock_key("draftlab optuna schema")})
+        conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), key)
         try:
             yield
         finally:
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_key("draftlab optuna schema")})
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), key)
     engine.dispose()
 
 
@@ -204,7 +209,7 @@ class TrialGate:
         self._file = None
         self._conn = None
         if self.kind in ("journal", "sqlite"):
-            path = storage if self.kind == "journal" else storage.split(":///", 1)[1]
+            path = storage if self.kind == "journal" else sqlite_file(storage)
             self._file = open(_local_lock_path(path, f"gate {study_name}"), "a")
         elif self.kind == "postgresql":
             self._key = _lock_key(study_name)

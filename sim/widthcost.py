@@ -36,7 +36,9 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
+from sim.cli import Parser
 from sim.costs import ProfileError, profile_from_dict
+from sim.tokenizer import GPT2_EOS
 from sim.trace import write_atomic
 
 
@@ -54,7 +56,7 @@ def measure(lm, prompt_tokens: int = 300, max_width: int = 8, rounds: int = 21, 
         raise ValueError("need at least two different prefill lengths >= 1 to fit prefill cost")
     rng = np.random.default_rng(seed)
     # Token values do not change a forward's cost; ids stay inside GPT-2's range, valid for every named vocabulary.
-    high = min(lm.model.config.vocab_size, 50256)
+    high = min(lm.model.config.vocab_size, GPT2_EOS)
     prompt = rng.integers(0, high, size=max(prompt_tokens, max(prefill_lengths))).tolist()
     proposal = rng.integers(0, high, size=max_width - 1).tolist()
     total = warmup * (max_width + 2) + rounds * (max_width + 2) + len(prefill_lengths) * (prefill_rounds + 1)
@@ -200,7 +202,7 @@ def write_profile(path: str | Path, data: dict[str, Any]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from sim.model import add_model_args
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m sim.widthcost",
         description="Measure P (pipelined step), S(1..W) (synchronous verify forwards) and prefill cost of a "
         "model on this machine; write a cost profile for sim.replay / sim.confirm.",
@@ -249,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_profile(args.out, data)
     except (ModelError, ProfileError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: cannot write {args.out}: {err.strerror or err}", file=sys.stderr)
         return 2
     sync = " ".join(f"{v:.3f}" for v in data["sync_ms"])
     print(f"{args.out}: P={data['pipelined_ms']:.3f} ms  S(1..{len(data['sync_ms'])})={sync} ms  "

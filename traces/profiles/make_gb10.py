@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim.costs import CostProfile  # noqa: E402
 from sim.des import fast_time, plain_actions  # noqa: E402
+from sim.trace import read_trace  # noqa: E402
 
 MACHINE = "NVIDIA GB10 (DGX Spark, sm_121), CUDA 13.0, mlxcel 34c627d7-era release build, MLX 81ba1c6a"
 SOURCE = ("mlxcel (lablup/mlxcel, Apache-2.0) docs/benchmark_results/data/prompt-lookup-governor-gb10-2026-10-02/"
@@ -50,8 +51,7 @@ def parse_widths(path: Path) -> dict[str, tuple[float, list[float]]]:
 
 
 def prompt_tokens(trace: str) -> int:
-    header = yaml.safe_load((ROOT / "traces" / f"{trace}.jsonl").open().readline())
-    return len(header["prompt_tokens"])
+    return len(read_trace(ROOT / "traces" / f"{trace}.jsonl").prompt_tokens)
 
 
 def fit_prefill(model: str, pipelined: float, sync: list[float]) -> tuple[float, float]:
