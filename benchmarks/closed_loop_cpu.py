@@ -2,24 +2,25 @@
 
     python benchmarks/closed_loop_cpu.py [--arch mid] [--reps 5] [--rounds 21] [--threads 1]
 
-1. `sim.widthcost` on a random-weight `mid` model (29.7M parameters, float32):
+1. `sim.measure` on a random-weight `mid` model (29.7M parameters, float32):
    P, S(1..8) and prefill cost at contexts of 100, 400 and 800 tokens, back
    to back (how costs move with context length).
 2. `sim.confirm --scripted` on the five bundled traces for plain, graded and
    gated: real forwards of the model on the traces' tokens, interleaved
-   repetitions, median tok/s. After every repetition a few more widthcost
+   repetitions, median tok/s. After every repetition a few more measurement
    rounds at N = 400 (the token-weighted mean context of the five traces):
    the profile pools them with step 1's, so it samples the machine over the
    same minutes as the runs (other jobs share these 2 cores).
-3. Measured x beside the simulator's predicted x (sim.replay on that
+3. Measured speedup beside the simulator's predicted one (a replay on that
    profile) and the error in points of x; and the same prediction with
-   context-dependent costs (a proposed change to the timing model, evaluated
-   here without touching sim/des.py): each forward costs the profile's d(w)
-   plus the measured slope of step 1 times its context length less N.
+   context-dependent costs: the timing model takes any cost function of a
+   forward's width and context length, and here each forward costs the
+   profile's d(w) plus the measured slope of step 1 times its context length
+   less N.
 
 Writes benchmarks/results/closed_loop_cpu.{json,md} and the profile it used,
-benchmarks/results/closed_loop_cpu-profile.yaml. Target (issue 5): median
-|error| <= 2 points of x, none above 5.
+benchmarks/results/closed_loop_cpu-profile.yaml. Target: median |error| <= 2
+points of x, none above 5.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import os
 import statistics
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,13 +39,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
-from sim import confirm as confirm_mod  # noqa: E402
-from sim.costs import load_profile  # noqa: E402
-from sim.des import plain_actions  # noqa: E402
-from sim.loop import READ, STEP, TraceTarget, run  # noqa: E402
-from sim.replay import drafter_for, effective_max_tokens, stopped_on_eos  # noqa: E402
-from sim.trace import read_trace, write_atomic  # noqa: E402
-from sim.widthcost import measure, pool, profile_data, write_profile  # noqa: E402
+from sim.engine.config import PolicyConfig  # noqa: E402
+from sim.engine.costs import CostProfile, load_profile  # noqa: E402
+from sim.engine.replay import require_widths, run_trace, time_trace_run  # noqa: E402
+from sim.engine.timing import recurrence_timing  # noqa: E402
+from sim.engine.trace import Trace, read_trace  # noqa: E402
+from sim.hardware import confirm as confirm_mod  # noqa: E402
+from sim.hardware.measure import measure, pool, profile_data, write_profile  # noqa: E402
+from sim.io import write_atomic  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 POLICIES = "graded,gated"
@@ -53,64 +54,46 @@ MAIN_CONTEXT = 400
 CONTEXTS = (100, MAIN_CONTEXT, 800)
 
 
-class _Positions(TraceTarget):
-    """A trace as the model, noting the context length at every forward the loop asks for."""
+class ContextSlopeCosts:
+    """A cost function for the timing model: the profile's d(w) plus b_w * (n - N) at context length n."""
 
-    def __init__(self, trace):
-        super().__init__(trace.tokens, trace.eos_id, trace.stop == "eos")
-        self.base = len(trace.prompt_tokens)
-        self.contexts: list[int] = []
+    def __init__(self, profile: CostProfile, slopes: dict[int, float]):
+        self.profile = profile
+        self.slopes = slopes
 
-    def submit(self) -> None:
-        self.contexts.append(self.base + self.position)
-        super().submit()
+    def device_ms(self, width: int, context: int) -> float:
+        return self.profile.device_ms(width, context) + self.slopes[width] * (context - MAIN_CONTEXT)
 
-    def verify(self, proposal):
-        self.contexts.append(self.base + self.position)
-        return super().verify(proposal)
+    def host_gap_ms(self, context: int) -> float:
+        return self.profile.host_gap_ms(context)
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        return self.profile.prefill_ms(prompt_tokens)
+
+    def check_width(self, width: int) -> None:
+        self.profile.check_width(width)
 
 
-def _context_costs(measurements: dict[int, dict], profile):
-    """d(w, n) = the profile's d(w) + b_w * (n - N): slopes b_w through the costs measured at each context n."""
+def context_costs(measurements: dict[int, dict], profile: CostProfile) -> ContextSlopeCosts:
+    """Slopes b_w through the costs measured at each context n, on top of the pooled profile."""
     contexts = sorted(measurements)
     slopes = {}
     for w in range(1, profile.max_width + 1):
-        # d(1) = P, kept <= S(1) as the profile keeps it (sim.widthcost.profile_data); the gap cancels in a slope
-        values = [min(measurements[n]["pipelined_ms"], measurements[n]["sync_ms"][0]) if w == 1
-                  else measurements[n]["sync_ms"][w - 1] for n in contexts]
+        # d(1) = P, kept <= S(1) as the profile keeps it (profile_data); the gap cancels in a slope
+        values = [
+            min(measurements[n]["pipelined_ms"], measurements[n]["sync_ms"][0])
+            if w == 1
+            else measurements[n]["sync_ms"][w - 1]
+            for n in contexts
+        ]
         slopes[w] = float(np.polyfit(contexts, values, 1)[0])
-    return lambda width, n: profile.device(width) + slopes[width] * (n - MAIN_CONTEXT)
+    return ContextSlopeCosts(profile, slopes)
 
 
-def _context_time(actions, contexts, device, gap: float, prefill_ms: float) -> float:
-    """fast_time's recurrence (sim/des.py) with each forward's device time taken at its context length."""
-    host = device_free = prefill_ms
-    in_flight: deque[float] = deque()
-    where = iter(contexts)
-    for action in actions:
-        if action == STEP:
-            device_free = max(device_free, host) + device(1, next(where))
-            in_flight.append(device_free)
-        elif action == READ:
-            host = max(host, in_flight.popleft()) + gap
-        else:
-            device_free = max(device_free, host) + device(action, next(where))
-            host = device_free + gap
-    return host
-
-
-def context_prediction(trace, config, profile, device) -> float:
-    """Predicted x with context-dependent costs: plain time over policy time, as sim.replay computes it."""
-    cap = effective_max_tokens(trace, None)
-    target = _Positions(trace)
-    result = run(target, config.governor(), config.loop, trace.prompt_tokens, cap,
-                 drafter_for(trace, config.loop.ngram_min, config.loop.ngram_max))
-    plain = plain_actions(result.counters.generated, stopped_on_eos(cap, result.counters.generated))
-    base = len(trace.prompt_tokens)
-    plain_contexts = [base + i for i in range(1, plain.count(STEP) + 1)]
-    prefill = profile.prefill_ms(base)
-    return (_context_time(plain, plain_contexts, device, profile.host_gap, prefill)
-            / _context_time(result.actions, target.contexts, device, profile.host_gap, prefill))
+def context_prediction(trace: Trace, config: PolicyConfig, costs: ContextSlopeCosts) -> float:
+    """Predicted speedup with context-dependent costs: the ordinary timing model on another cost function."""
+    result = run_trace(trace, config)
+    return time_trace_run(trace, result, costs, model=recurrence_timing).speedup
 
 
 def main() -> int:
@@ -118,23 +101,26 @@ def main() -> int:
     parser.add_argument("--arch", default="mid", help="named random-weight architecture (default mid)")
     parser.add_argument("--reps", type=int, default=5, help="interleaved confirm repetitions (default 5)")
     parser.add_argument("--rounds", type=int, default=21, help="widthcost rounds per quantity (default 21)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: the 2 cores are shared with other jobs)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (default 1: the 2 cores are shared with other jobs)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "closed_loop_cpu"), help="result files' path stem")
     args = parser.parse_args()
 
     import torch
 
-    from sim.model import load_model, versions
+    from sim.hardware.model import load_model, versions
 
     torch.set_num_threads(args.threads)
     lm = load_model(arch=args.arch, device="cpu", dtype="float32", seed=0)
-    command = (f"python benchmarks/closed_loop_cpu.py --arch {args.arch} --reps {args.reps} --rounds {args.rounds} "
-               f"--threads {args.threads}")
+    command = (
+        f"python benchmarks/closed_loop_cpu.py --arch {args.arch} --reps {args.reps} --rounds {args.rounds} "
+        f"--threads {args.threads}"
+    )
     started = time.time()
     measurements = {}
     for n in CONTEXTS:  # back to back, for the context slopes
-        print(f"widthcost at a {n}-token context ...", flush=True)
+        print(f"measuring costs at a {n}-token context ...", flush=True)
         measurements[n] = measure(lm, prompt_tokens=n, rounds=args.rounds // 3, progress=False)
     # The profile's rounds are spread over the whole confirm window, a slice after every repetition: the load of
     # other jobs on this shared machine moves costs by 10-30% within minutes (see drift_pct), and the profile must
@@ -142,8 +128,16 @@ def main() -> int:
     slices = [measurements[MAIN_CONTEXT]]
 
     def profile_slice(rep: int) -> None:
-        slices.append(measure(lm, prompt_tokens=MAIN_CONTEXT, rounds=max(1, args.rounds // args.reps), warmup=1,
-                              prefill_rounds=2, progress=False))
+        slices.append(
+            measure(
+                lm,
+                prompt_tokens=MAIN_CONTEXT,
+                rounds=max(1, args.rounds // args.reps),
+                warmup=1,
+                prefill_rounds=2,
+                progress=False,
+            )
+        )
 
     traces = [read_trace(p) for p in sorted((ROOT / "traces").glob("*.jsonl"))]
     arms = confirm_mod.build_arms(POLICIES, [])
@@ -153,18 +147,18 @@ def main() -> int:
     profile_path = Path(f"{args.out}-profile.yaml")
     write_profile(profile_path, profile_data(pooled, lm, f"cpu-{args.arch}-float32", command))
     profile = load_profile(str(profile_path))
-    confirm_mod.check_widths(arms, profile)
+    require_widths([arm.config for arm in arms if arm.config is not None], [profile])
     rows = confirm_mod.rows_for(traces, arms, runs, profile, None, scripted=True)
 
-    device = _context_costs(measurements, profile)
+    costs = context_costs(measurements, profile)
     by_name = {t.name: t for t in traces}
     for row in rows:
         arm = next(a for a in arms if a.label == row["arm"])
         if arm.config is None:
-            row["context_predicted_x"] = 1.0
+            row["context_predicted_speedup"] = 1.0
         else:
-            row["context_predicted_x"] = context_prediction(by_name[row["trace"]], arm.config, profile, device)
-        row["context_error_points"] = 100.0 * (row["x"] - row["context_predicted_x"])
+            row["context_predicted_speedup"] = context_prediction(by_name[row["trace"]], arm.config, costs)
+        row["context_error_points"] = 100.0 * (row["speedup"] - row["context_predicted_speedup"])
     policy_rows = [r for r in rows if r["arm"] != confirm_mod.PLAIN]
     context_errors = [abs(r["context_error_points"]) for r in policy_rows]
     summary = confirm_mod.summary(rows, arms)
@@ -214,31 +208,39 @@ def _markdown(result: dict, measurements: dict[int, dict]) -> str:
         f"transformers {result['versions']['transformers']}; scripted tokens, {result['reps']} interleaved "
         f"repetitions; {result['wall_s']:.0f} s.",
         "",
-        "Costs measured by sim.widthcost (ms; median of the rounds):",
+        "Costs measured by sim.measure (ms; median of the rounds):",
         "",
         "| context | P | " + " | ".join(f"S({w})" for w in range(1, 9)) + " | prefill fixed + per token |",
         "|---:|---:|" + "---:|" * 8 + "---|",
     ]
     for n, m in sorted(measurements.items()):
-        lines.append(f"| {n} | {m['pipelined_ms']:.2f} | " + " | ".join(f"{v:.2f}" for v in m["sync_ms"])
-                     + f" | {m['prefill_fixed_ms']:.1f} + {m['prefill_per_prompt_token_ms']:.4f} |")
+        lines.append(
+            f"| {n} | {m['pipelined_ms']:.2f} | "
+            + " | ".join(f"{v:.2f}" for v in m["sync_ms"])
+            + f" | {m['prefill_fixed_ms']:.1f} + {m['prefill_per_prompt_token_ms']:.4f} |"
+        )
     pooled = result["profile"]
-    lines.append(f"| {MAIN_CONTEXT}, profile: pooled over {len(result['profile_slices'])} slices | "
-                 f"{pooled['pipelined_ms']:.2f} | " + " | ".join(f"{v:.2f}" for v in pooled["sync_ms"])
-                 + f" | {pooled['prefill_fixed_ms']:.1f} + {pooled['prefill_per_token_ms']:.4f} |")
+    lines.append(
+        f"| {MAIN_CONTEXT}, profile: pooled over {len(result['profile_slices'])} slices | "
+        f"{pooled['pipelined_ms']:.2f} | "
+        + " | ".join(f"{v:.2f}" for v in pooled["sync_ms"])
+        + f" | {pooled['prefill_fixed_ms']:.1f} + {pooled['prefill_per_token_ms']:.4f} |"
+    )
     lines += [
         "",
         "x = median tok/s over plain's; error = 100 * (measured - predicted), points of x. `predicted` is "
-        f"sim.replay on the pooled profile ({MAIN_CONTEXT}-token context); `context-aware` charges each forward "
-        "its cost at the context length it ran at (proposed timing-model change).",
+        f"a replay on the pooled profile ({MAIN_CONTEXT}-token context); `context-aware` charges each forward "
+        "its cost at the context length it ran at.",
         "",
         "| trace | tokens | arm | tok/s | x measured | x per rep | x predicted | error | x context-aware | error |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['trace']} | {r['generated_tokens']} | {r['arm']} | {r['tok_s_median']:.1f} | "
-                     f"{r['x']:.3f} | {confirm_mod.x_range(r)} | {r['predicted_x']:.3f} | {r['error_points']:+.1f} | "
-                     f"{r['context_predicted_x']:.3f} | {r['context_error_points']:+.1f} |")
+        lines.append(
+            f"| {r['trace']} | {r['generated_tokens']} | {r['arm']} | {r['tok_s_median']:.1f} | "
+            f"{r['speedup']:.3f} | {confirm_mod.speedup_range(r)} | {r['predicted_speedup']:.3f} | "
+            f"{r['error_points']:+.1f} | {r['context_predicted_speedup']:.3f} | {r['context_error_points']:+.1f} |"
+        )
     lines += [
         "",
         f"Policy rows: median |error| {s['median_abs_error_points']:.2f} points, max {s['max_abs_error_points']:.2f} "
@@ -247,7 +249,8 @@ def _markdown(result: dict, measurements: dict[int, dict]) -> str:
         f"{'everywhere' if s['parity'] else 'BROKEN'}; counters equal to replay's: "
         f"{'yes' if s['counters_match'] else 'NO'}. "
         f"P across the profile's slices (machine drift): "
-        + ", ".join(f"{d:+.1f}%" for d in s["drift_pct"]["pipelined_by_slice"]) + " of the pooled P.",
+        + ", ".join(f"{d:+.1f}%" for d in s["drift_pct"]["pipelined_by_slice"])
+        + " of the pooled P.",
         "",
     ]
     return "\n".join(lines)

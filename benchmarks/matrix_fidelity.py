@@ -18,26 +18,46 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.config import make_config  # noqa: E402
-from sim.costs import load_profile  # noqa: E402
-from sim.replay import replay  # noqa: E402
-from sim.trace import read_trace, write_atomic  # noqa: E402
+from sim.engine.config import make_config  # noqa: E402
+from sim.engine.costs import load_profile  # noqa: E402
+from sim.engine.replay import replay  # noqa: E402
+from sim.engine.trace import read_trace  # noqa: E402
+from sim.io import write_atomic  # noqa: E402
 
 MATRIX = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "matrix-run1-probation-on-any-token.csv"
 TRACE_OF = {"edit_fn": "edit_fn", "edit_json": "edit_json", "summary": "summary", "write": "email", "story": "story"}
 ARMS = {"graded": ("graded", {}), "gated": ("gated", {"probation": "any_token"})}
 
 
+class Row(TypedDict):
+    """One measured matrix row next to its replay."""
+
+    model: str
+    prompt: str
+    arm: str
+    measured_x: float
+    simulated_x: float
+    error_points: float
+    measured_tokens: int
+    trace_tokens: int
+    trace_sha256: str
+    profile_sha256: str
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "matrix_fidelity.json"),
-                        help="result file (JSON); a markdown table goes next to it")
+    parser.add_argument(
+        "--out",
+        default=str(ROOT / "benchmarks" / "results" / "matrix_fidelity.json"),
+        help="result file (JSON); a markdown table goes next to it",
+    )
     args = parser.parse_args()
-    rows = []
+    rows: list[Row] = []
     with MATRIX.open() as f:
         for measured in csv.DictReader(f):
             if measured["arm"] not in ARMS:
@@ -45,13 +65,20 @@ def main() -> int:
             policy, settings = ARMS[measured["arm"]]
             trace = read_trace(ROOT / "traces" / f"{TRACE_OF[measured['prompt']]}.jsonl")
             row = replay(trace, make_config(policy, settings), load_profile(f"gb10-{measured['model']}"))
-            rows.append({
-                "model": measured["model"], "prompt": measured["prompt"], "arm": measured["arm"],
-                "measured_x": float(measured["x"]), "simulated_x": row["speedup"],
-                "error_points": 100.0 * (row["speedup"] - float(measured["x"])),
-                "measured_tokens": int(measured["tokens"]), "trace_tokens": row["generated_tokens"],
-                "trace_sha256": trace.sha256, "profile_sha256": row["profile"]["sha256"],
-            })
+            rows.append(
+                {
+                    "model": measured["model"],
+                    "prompt": measured["prompt"],
+                    "arm": measured["arm"],
+                    "measured_x": float(measured["x"]),
+                    "simulated_x": row.speedup,
+                    "error_points": 100.0 * (row.speedup - float(measured["x"])),
+                    "measured_tokens": int(measured["tokens"]),
+                    "trace_tokens": row.generated,
+                    "trace_sha256": trace.sha256,
+                    "profile_sha256": row.profile.sha256,
+                }
+            )
     errors = [abs(r["error_points"]) for r in rows]
     by_prompt = {p: statistics.median(abs(r["error_points"]) for r in rows if r["prompt"] == p) for p in TRACE_OF}
     summary = {
@@ -62,11 +89,26 @@ def main() -> int:
         "sign_agreement": sum((r["measured_x"] > 1) == (r["simulated_x"] > 1) for r in rows) / len(rows),
     }
     out = Path(args.out)
-    write_atomic(out, json.dumps({"benchmark": "matrix_fidelity", "command": "python benchmarks/matrix_fidelity.py",
-                               "summary": summary, "rows": rows}, indent=1, sort_keys=True) + "\n")
+    write_atomic(
+        out,
+        json.dumps(
+            {
+                "benchmark": "matrix_fidelity",
+                "command": "python benchmarks/matrix_fidelity.py",
+                "summary": summary,
+                "rows": rows,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n",
+    )
     lines = ["| model | prompt | arm | measured x | simulated x | error (points) |", "|---|---|---|---:|---:|---:|"]
-    lines += [f"| {r['model']} | {r['prompt']} | {r['arm']} | {r['measured_x']:.3f} | {r['simulated_x']:.3f} | "
-              f"{r['error_points']:+.1f} |" for r in rows]
+    lines += [
+        f"| {r['model']} | {r['prompt']} | {r['arm']} | {r['measured_x']:.3f} | {r['simulated_x']:.3f} | "
+        f"{r['error_points']:+.1f} |"
+        for r in rows
+    ]
     write_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
     print(json.dumps(summary, indent=1, sort_keys=True))
     return 0

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Closed loop on one NVIDIA H200 (issue 5): sim.widthcost, then scripted sim.confirm on the bundled
+# Closed loop on one NVIDIA H200: sim.measure, then scripted sim.confirm on the bundled
 # traces, for random-weight qwen3-1.7b and qwen3-8b shapes in bf16. Everything lands under $OUT
 # (8 files at most come back: versions.txt, log.txt, two profiles, two confirm.{json,md} pairs).
 # About 5-6 minutes of device time; every step has its own timeout. How to run: device/README.md.
@@ -33,8 +33,8 @@ left() {  # seconds for the next step: its cap, or what is left (at least 1: `ti
 }
 for arch in qwen3-1.7b qwen3-8b; do
   profile="$OUT/h200-$arch-bf16-random.yaml"
-  timeout "$(left 100)" python3 -m sim.widthcost --arch "$arch" --device cuda --dtype bfloat16 \
-    --rounds 15 --warmup 3 --prompt-tokens 300 --out "$profile" || echo "widthcost $arch exited $?"
+  timeout "$(left 100)" python3 -m sim.measure --arch "$arch" --device cuda --dtype bfloat16 \
+    --rounds 15 --warmup 3 --prompt-tokens 300 --out "$profile" || echo "measure $arch exited $?"
   timeout "$(left 200)" python3 -m sim.confirm traces/*.jsonl --scripted --arch "$arch" --device cuda \
     --dtype bfloat16 --profile "$profile" --policies graded,gated --reps 2 --max-tokens 160 --out "$OUT/confirm-$arch" \
     || echo "confirm $arch exited $?"

@@ -1,4 +1,4 @@
-"""mlxcel's `gated` governor (tuned on GB10; the CUDA default), DESIGN §4.
+"""mlxcel's `gated` governor (tuned on GB10; the CUDA default), docs/governors.md.
 
 Drafts a narrow block until the average proves itself, the full block once it
 does; a miss on probation (or too many in a row) pauses drafting with no timer,
@@ -9,28 +9,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Governor, param, register
+from sim.engine.params import param
+from sim.errors import ConfigError
+
+from .base import Governor, register
 
 
 @dataclass(frozen=True)
 class GatedParams:
-    full_at: float = param(1.5, "average accepted per drafted round at which the full max_draft block is proposed (GATED_FULL_AT)")
+    full_at: float = param(
+        1.5, "average accepted per drafted round at which the full max_draft block is proposed (GATED_FULL_AT)"
+    )
     narrow_width: int = param(2, "proposals per round below full_at (capped at max_draft)")
     start_average: float = param(1.0, "average at the start and after every shadow confirmation")
     average_weight: float = param(0.5, "weight of the newest round in the average: avg = (1-w)*avg + w*accepted")
-    misses_before_pause: int = param(3, "drafted rounds in a row that land nothing before drafting pauses (off probation)")
+    misses_before_pause: int = param(
+        3, "drafted rounds in a row that land nothing before drafting pauses (off probation)"
+    )
     probation: str = param(
         "whole_narrow",
-        "what ends probation: whole_narrow = a whole narrow block landed (shipped); any_token = any landed token (earlier variant)",
+        "what ends probation: whole_narrow = a whole narrow block landed (shipped); "
+        "any_token = any landed token (earlier variant)",
         choices=("whole_narrow", "any_token"),
     )
-    shadow_confirm_length: int = param(2, "claims a shadow probe carries and must see come true to resume (SHADOW_CONFIRM)")
+    shadow_confirm_length: int = param(
+        2, "claims a shadow probe carries and must see come true to resume (SHADOW_CONFIRM)"
+    )
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.narrow_width < 1 or self.misses_before_pause < 1 or self.shadow_confirm_length < 1:
-            raise ValueError("narrow_width, misses_before_pause and shadow_confirm_length must be >= 1")
+            raise ConfigError("narrow_width, misses_before_pause and shadow_confirm_length must be >= 1")
         if not 0.0 < self.average_weight <= 1.0:
-            raise ValueError(f"average_weight must be in (0, 1], got {self.average_weight}")
+            raise ConfigError(f"average_weight must be in (0, 1], got {self.average_weight}")
 
 
 @register("gated")
@@ -39,7 +49,7 @@ class Gated(Governor):
 
     def __init__(self, params: GatedParams, max_draft: int):
         super().__init__(params, max_draft)
-        self.shadow_length = params.shadow_confirm_length
+        self.shadow_confirm_length = params.shadow_confirm_length
         self.narrow = min(params.narrow_width, max_draft)
         self.average = params.start_average
         self.drafting = True

@@ -1,4 +1,4 @@
-"""mlxcel's `graded` governor (tuned on Apple M4 Pro), DESIGN §4.
+"""mlxcel's `graded` governor (tuned on Apple M4 Pro), docs/governors.md.
 
 The block grows with the average of accepted tokens; three misses in a row
 start a cooldown (budget 0) that doubles each time it recurs without a landed
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Governor, param, register, round_half_away_from_zero
+from sim.engine.params import param
+from sim.errors import ConfigError
+
+from .base import Governor, register, round_half_away_from_zero
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,11 @@ class GradedParams:
     cooldown_min: int = param(4, "first cooldown length, in budget() calls; a landed token resets to it")
     cooldown_max: int = param(32, "cooldowns double up to this many budget() calls")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.misses_before_cooldown < 1 or self.cooldown_min < 0 or self.cooldown_max < self.cooldown_min:
-            raise ValueError("need misses_before_cooldown >= 1 and 0 <= cooldown_min <= cooldown_max")
+            raise ConfigError("need misses_before_cooldown >= 1 and 0 <= cooldown_min <= cooldown_max")
         if not 0.0 < self.average_weight <= 1.0:
-            raise ValueError(f"average_weight must be in (0, 1], got {self.average_weight}")
+            raise ConfigError(f"average_weight must be in (0, 1], got {self.average_weight}")
 
 
 @register("graded")

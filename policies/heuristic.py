@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Governor, param, register
+from sim.engine.params import param
+from sim.errors import ConfigError
+
+from .base import Governor, register
 
 
 @dataclass(frozen=True)
@@ -19,9 +22,9 @@ class HeuristicParams:
     grow: int = param(2, "budget increase after a round that accepted its whole budget")
     shrink: int = param(1, "budget decrease after any other drafted round")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.start < 1 or self.grow < 0 or self.shrink < 0:
-            raise ValueError("need start >= 1, grow >= 0 and shrink >= 0")
+            raise ConfigError("need start >= 1, grow >= 0 and shrink >= 0")
 
 
 @register("heuristic")

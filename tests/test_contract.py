@@ -2,22 +2,21 @@
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
+from conftest import BUNDLED_TRACES, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import REGISTRY, ConfigError
-from sim.config import make_config
-from sim.costs import load_profile
-from sim.lookup import PromptLookup
-from sim.loop import READ, STEP, TraceTarget, run
-from sim.replay import replay
-from sim.trace import read_trace
+from policies import REGISTRY
+from sim.engine.config import make_config
+from sim.engine.costs import load_profile
+from sim.engine.lookup import PromptLookup
+from sim.engine.loop import READ, STEP, TraceTarget, run
+from sim.engine.replay import replay
+from sim.engine.trace import read_trace
+from sim.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACES = sorted((ROOT / "traces").glob("*.jsonl"))
 POLICIES = sorted(REGISTRY)
 
 
@@ -34,20 +33,23 @@ def check_run(result, max_draft, reply, cap):
     assert sum(a - 1 for a in syncs) == c.proposed, "every proposed token is one slot of a verify"
     if c.rounds:
         assert c.tokens_per_forward == (c.generated - 1) / c.rounds
-    for entry in result.rounds_log:
-        assert 0 <= entry["proposal_len"] <= entry["budget"] <= max_draft, "never propose past the budget"
-        assert entry["accepted"] <= entry["proposal_len"]
+    assert len(result.contexts) == len(result.actions)
+    for entry in result.iterations:
+        assert 0 <= entry.proposal_len <= entry.budget <= max_draft, "never propose past the budget"
+        assert entry.accepted <= entry.proposal_len
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("trace_path", TRACES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("trace_path", BUNDLED_TRACES, ids=lambda p: p.stem)
 def test_bundled_traces_keep_the_invariants(policy, trace_path):
     """On every bundled trace: lossless, budget respected, counters consistent with the action log."""
     trace = read_trace(trace_path)
     config = make_config(policy, {})
     target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
     drafter = PromptLookup(config.loop.ngram_min, config.loop.ngram_max, trace.prompt_tokens + trace.tokens)
-    result = run(target, config.governor(), config.loop, trace.prompt_tokens, trace.max_tokens, drafter, keep_rounds=True)
+    result = run(
+        target, config.governor(), config.loop, trace.prompt_tokens, trace.max_tokens, drafter, keep_iterations=True
+    )
     check_run(result, config.loop.max_draft, trace.tokens, trace.max_tokens)
 
 
@@ -67,7 +69,7 @@ def test_random_traces_keep_the_invariants(policy, prompt, reply, max_draft, ngr
     cap = None if eos else min(cut, len(reply))
     target = TraceTarget(reply, 99, eos)
     drafter = PromptLookup(config.loop.ngram_min, config.loop.ngram_max)
-    result = run(target, config.governor(), config.loop, prompt, cap, drafter, keep_rounds=True)
+    result = run(target, config.governor(), config.loop, prompt, cap, drafter, keep_iterations=True)
     check_run(result, max_draft, reply, cap)
 
 
@@ -106,7 +108,7 @@ def test_replay_is_deterministic_and_has_no_side_effects(policy):
     """Replaying twice, with other policies replayed in between, gives byte-identical rows."""
     trace = read_trace(ROOT / "traces" / "summary.jsonl")
     profile = load_profile("gb10-qwen3-4b-4bit")
-    first = json.dumps(replay(trace, make_config(policy, {}), profile), sort_keys=True)
+    first = json.dumps(replay(trace, make_config(policy, {}), profile).as_dict(), sort_keys=True)
     for other in POLICIES:
         replay(trace, make_config(other, {}), profile)
-    assert json.dumps(replay(trace, make_config(policy, {}), profile), sort_keys=True) == first
+    assert json.dumps(replay(trace, make_config(policy, {}), profile).as_dict(), sort_keys=True) == first

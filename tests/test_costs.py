@@ -1,8 +1,10 @@
-"""Cost profiles (sim/costs.py, DESIGN §6): the bundled GB10 profiles hold the measured numbers, the host gap and
-device times derive from them, and every invalid profile is a ProfileError naming the file and the problem."""
+"""Cost profiles (sim/engine/costs.py, docs/profiles.md, docs/timing.md): the bundled GB10 profiles hold the measured
+numbers, the host gap and device times derive from them, and every invalid profile is a ProfileError naming the file
+and the problem."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -11,7 +13,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from sim.costs import BUNDLED, DEFAULT_PROFILE, ProfileError, bundled_profiles, load_profile, profile_from_dict
+from sim.engine.costs import BUNDLED, DEFAULT_PROFILE, bundled_profiles, load_profile, profile_from_dict
+from sim.errors import ProfileError
 
 REFERENCE = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "verify_width_cost.txt"
 
@@ -55,14 +58,18 @@ def test_qwen3_8b_numbers():
 
 @pytest.mark.parametrize("name", bundled_profiles())
 def test_host_gap_and_device_times(name):
-    """g = S(1) - P, d(w) = S(w) - g, so d(1) = P and d(w) + g = S(w) for every measured width."""
+    """g = S(1) - P, d(w) = S(w) - g, so d(1) = P and d(w) + g = S(w) for every measured width, at any context."""
     profile = load_profile(name)
     assert profile.host_gap == profile.sync_ms[0] - profile.pipelined_ms
     assert 0 < profile.host_gap < profile.pipelined_ms  # on GB10 the host gap hides under a pipelined step
-    assert profile.device(1) == pytest.approx(profile.pipelined_ms, rel=1e-12)
-    for width in range(1, profile.max_width + 1):
-        assert profile.device(width) == profile.sync(width) - profile.host_gap
-        assert profile.device(width) + profile.host_gap == pytest.approx(profile.sync_ms[width - 1], rel=1e-12)
+    assert profile.device_ms(1, 0) == pytest.approx(profile.pipelined_ms, rel=1e-12)
+    for context in (0, 1, 361, 4096):
+        assert profile.host_gap_ms(context) == profile.host_gap
+        for width in range(1, profile.max_width + 1):
+            assert profile.device_ms(width, context) == profile.sync(width) - profile.host_gap
+            assert profile.device_ms(width, context) + profile.host_gap_ms(context) == pytest.approx(
+                profile.sync_ms[width - 1], rel=1e-12
+            )
 
 
 def test_load_by_path_equals_load_by_name():
@@ -87,17 +94,21 @@ def test_width_beyond_the_table_is_an_error():
     with pytest.raises(ProfileError, match=r"measures widths 1\.\.10, a round of width 11 .*extend: flat"):
         profile.sync(11)
     with pytest.raises(ProfileError):
-        profile.device(12)
+        profile.device_ms(12, 100)
     with pytest.raises(ProfileError):
         profile.check_width(11)
     profile.check_width(10)
 
 
 def test_extend_flat_uses_the_widest_measured_cost():
-    """With `extend: flat` a width beyond the table costs what the widest measured width costs."""
+    """With `extend: flat` a width beyond the table costs what the widest measured width costs, and any width can be
+    priced."""
     profile = profile_from_dict({"pipelined_ms": 10, "sync_ms": [12, 14, 20], "extend": "flat"}, "x")
     assert profile.sync(4) == profile.sync(100) == 20
-    assert profile.device(9) == 20 - 2
+    assert profile.device_ms(9, 50) == 20 - 2
+    profile.check_width(1000)
+    assert profile.widest == math.inf
+    assert load_profile(DEFAULT_PROFILE).widest == 10
 
 
 def test_width_below_one_is_rejected():
@@ -121,8 +132,11 @@ BAD_PROFILES = [
     ("S infinite", {**GOOD, "sync_ms": [12.0, float("inf")]}, "sync_ms[1] (width 2) must be a number"),
     ("S(1) below P", {"pipelined_ms": 10.0, "sync_ms": [9.5, 15.0]}, "S(1)=9.5 ms is below P=10.0 ms"),
     ("P zero", {"pipelined_ms": 0, "sync_ms": [1.0]}, "must be positive"),
-    ("device time not positive", {"pipelined_ms": 2.0, "sync_ms": [12.0, 5.0]},
-     "d(w) = S(w) - (S(1) - P) must be positive"),
+    (
+        "device time not positive",
+        {"pipelined_ms": 2.0, "sync_ms": [12.0, 5.0]},
+        "d(w) = S(w) - (S(1) - P) must be positive",
+    ),
     ("extend unknown", {**GOOD, "extend": "linear"}, "extend must be one of error, flat, got 'linear'"),
     ("prefill unknown key", {**GOOD, "prefill": {"ms": 3}}, "prefill must be a mapping with keys among fixed_ms"),
     ("prefill not a number", {**GOOD, "prefill": {"fixed_ms": "x"}}, "prefill.fixed_ms must be a number"),
@@ -170,6 +184,11 @@ def test_missing_profile_file(tmp_path):
 
 def test_bundled_profiles_match_their_generator():
     """`traces/profiles/make_gb10.py --check` regenerates all four profiles unchanged (exit 0)."""
-    done = subprocess.run([sys.executable, "traces/profiles/make_gb10.py", "--check"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "traces/profiles/make_gb10.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr

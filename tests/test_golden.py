@@ -6,21 +6,30 @@ A change in any of them is a change in behaviour: if it is intended, regenerate 
 
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from conftest import BUNDLED_TRACES, ROOT
 
-from sim.config import split_variant, make_config  # noqa: E402
-from sim.costs import bundled_profiles, load_profile  # noqa: E402
-from sim.replay import replay  # noqa: E402
-from sim.trace import read_trace  # noqa: E402
+sys.path.insert(0, str(ROOT))  # run as a script, the repository is not on the path
+
+from sim.engine.config import make_config, split_variant  # noqa: E402
+from sim.engine.costs import bundled_profiles, load_profile  # noqa: E402
+from sim.engine.replay import replay  # noqa: E402
+from sim.engine.trace import read_trace  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "replay_gb10.json"
 # The five baselines plus the two gated variants measured on hardware.
 VARIANTS = ["off", "fixed", "graded", "gated", "heuristic", "gated:probation=any_token", "gated:full_at=1.75"]
-KEYS = ("generated_tokens", "rounds", "drafted_rounds", "paused_rounds", "proposed", "accepted",
-        "shadow_confirmations", "time_ms", "plain_time_ms")
+KEYS = (
+    "generated_tokens",
+    "rounds",
+    "drafted_rounds",
+    "paused_rounds",
+    "proposed",
+    "accepted",
+    "shadow_confirmations",
+    "time_ms",
+    "plain_time_ms",
+)
 
 
 def current() -> dict[str, dict]:
@@ -29,10 +38,10 @@ def current() -> dict[str, dict]:
         if not profile_name.startswith("gb10-"):
             continue
         profile = load_profile(profile_name)
-        for path in sorted((ROOT / "traces").glob("*.jsonl")):
+        for path in BUNDLED_TRACES:
             trace = read_trace(path)
             for variant in VARIANTS:
-                row = replay(trace, make_config(*split_variant(variant)), profile)
+                row = replay(trace, make_config(*split_variant(variant)), profile).as_dict()
                 rows[f"{trace.name} | {variant} | {profile_name}"] = {k: row[k] for k in KEYS}
     return rows
 

@@ -1,10 +1,12 @@
-"""Every governor rule of DESIGN §4, one behaviour per test, including the two variants measured on hardware."""
+"""Every governor rule of docs/governors.md, one behaviour per test, including the two variants measured on hardware."""
 
 import pytest
 
-from policies import ConfigError, build_params, policy_class
+from policies import policy_class
 from policies.base import round_half_away_from_zero
-from sim.config import make_config
+from sim.engine.config import make_config
+from sim.engine.params import build_params
+from sim.errors import ConfigError
 
 
 def governor(name, max_draft=7, **settings):
@@ -210,10 +212,13 @@ def test_gated_narrow_block_capped_at_max_draft():
     assert g.on_probation is False
 
 
-def test_gated_shadow_length_is_a_parameter():
-    """shadow_confirm_length sets how many claims a probe carries (SHADOW_CONFIRM, default 2)."""
-    assert governor("gated").shadow_length == 2
-    assert governor("gated", shadow_confirm_length=3).shadow_length == 3
+def test_gated_shadow_confirm_length_is_a_parameter():
+    """shadow_confirm_length sets how many claims a probe carries (SHADOW_CONFIRM, default 2); it is configuration,
+    not part of the governor's state."""
+    assert governor("gated").shadow_confirm_length == 2
+    g = governor("gated", shadow_confirm_length=3)
+    assert g.shadow_confirm_length == 3
+    assert "shadow_confirm_length" not in g.state()
 
 
 # ---------------------------------------------------------------- baselines
@@ -284,13 +289,31 @@ def test_invalid_values_are_config_errors():
 
 
 def test_defaults_are_mlxcel_shipped_values():
-    """Defaults: max_draft 7, ngram 2..3, 2 plain rounds; gated full_at 1.5, narrow 2, whole_narrow; graded 2x+2, 4..32."""
+    """Defaults: max_draft 7, ngram 2..3, 2 plain rounds; gated full_at 1.5, narrow 2, whole_narrow; graded 2x+2,
+    4..32."""
     config = make_config("gated", {})
-    assert (config.loop.max_draft, config.loop.ngram_min, config.loop.ngram_max,
-            config.loop.plain_rounds_before_pipelining) == (7, 2, 3, 2)
+    assert (
+        config.loop.max_draft,
+        config.loop.ngram_min,
+        config.loop.ngram_max,
+        config.loop.plain_rounds_before_pipelining,
+    ) == (7, 2, 3, 2)
     p = config.params
-    assert (p.full_at, p.narrow_width, p.start_average, p.average_weight, p.misses_before_pause, p.probation,
-            p.shadow_confirm_length) == (1.5, 2, 1.0, 0.5, 3, "whole_narrow", 2)
+    assert (
+        p.full_at,
+        p.narrow_width,
+        p.start_average,
+        p.average_weight,
+        p.misses_before_pause,
+        p.probation,
+        p.shadow_confirm_length,
+    ) == (1.5, 2, 1.0, 0.5, 3, "whole_narrow", 2)
     q = build_params(policy_class("graded").Params, {}, "graded")
-    assert (q.block_slope, q.block_offset, q.start_average, q.misses_before_cooldown, q.cooldown_min,
-            q.cooldown_max) == (2.0, 2, None, 3, 4, 32)
+    assert (
+        q.block_slope,
+        q.block_offset,
+        q.start_average,
+        q.misses_before_cooldown,
+        q.cooldown_min,
+        q.cooldown_max,
+    ) == (2.0, 2, None, 3, 4, 32)

@@ -1,4 +1,4 @@
-"""Prompt lookup (DESIGN §2): the reference scan and the incremental n-gram index give the same proposal at every
+"""Prompt lookup (docs/lookup.md): the reference scan and the incremental n-gram index give the same proposal at every
 context length, whether the index is built at once or grows by chunks of several tokens."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.lookup import PromptLookup, scan
+from sim.engine.lookup import PromptLookup, scan
 
-# DESIGN §2, verbatim: (context, (ngram_max, ngram_min, max_draft), proposal).
+# docs/lookup.md section 3, every example: (context, (ngram_max, ngram_min, max_draft), proposal).
 EXAMPLES = [
     ([9, 1, 2, 3, 4, 5, 6, 8, 1, 2], (2, 1, 3), [3, 4, 5]),
     ([1, 2, 3, 4, 1, 2], (2, 1, 7), [3, 4, 1, 2]),
@@ -17,20 +17,31 @@ EXAMPLES = [
     ([1, 2, 10, 1, 2, 20, 1, 2], (2, 2, 1), [20]),  # most recent wins
     ([1, 2, 3, 4], (1, 1, 3), []),
     ([7, 7, 7, 7], (2, 1, 5), [7]),  # never past the end of the context, never the suffix itself
+    ([5, 5], (3, 1, 7), [5]),  # L - 1 = 1: only n = 1 is tried
+    ([4, 4], (3, 2, 7), []),  # L - 1 < ngram_min: no suffix length is tried
 ]
-IDS = ["stop-at-draft", "up-to-end", "longest-suffix", "most-recent", "no-match", "self-overlap"]
+IDS = [
+    "stop-at-draft",
+    "up-to-end",
+    "longest-suffix",
+    "most-recent",
+    "no-match",
+    "self-overlap",
+    "capped-ngram",
+    "below-ngram-min",
+]
 
 
 @pytest.mark.parametrize("context, bounds, expected", EXAMPLES, ids=IDS)
-def test_scan_design_examples(context, bounds, expected):
-    """The scan gives DESIGN §2's answer for each of its examples."""
+def test_scan_documented_examples(context, bounds, expected):
+    """The scan gives docs/lookup.md's answer for each of its examples."""
     ngram_max, ngram_min, max_draft = bounds
     assert scan(context, ngram_max, ngram_min, max_draft) == expected
 
 
 @pytest.mark.parametrize("context, bounds, expected", EXAMPLES, ids=IDS)
-def test_index_design_examples(context, bounds, expected):
-    """The index gives DESIGN §2's answer for each example: built at once, grown token by token, and via propose."""
+def test_index_documented_examples(context, bounds, expected):
+    """The index gives docs/lookup.md's answer for each example: built at once, grown token by token, via propose."""
     ngram_max, ngram_min, max_draft = bounds
     at_once = PromptLookup(ngram_min, ngram_max, context)
     assert at_once.propose_at(len(context), max_draft) == expected

@@ -1,5 +1,5 @@
-"""The notebooks (issue 4): committed without outputs, and run top to bottom by a real Jupyter kernel of this
-interpreter against the bundled data, showing their figures and tables without a single error."""
+"""The notebooks: committed without outputs, and run top to bottom by a real Jupyter kernel of this interpreter
+against the bundled data, showing their figures and tables without a single error (those runs are marked slow)."""
 
 from __future__ import annotations
 
@@ -20,23 +20,35 @@ def kernel_of_this_python(tmp_path, monkeypatch):
     machine (user-wide, or another environment's) can never answer for it, in a fresh venv as on a workstation."""
     spec = tmp_path / "kernels" / "python3"
     spec.mkdir(parents=True)
-    spec.joinpath("kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "draftlab tests", "language": "python"}))
+    spec.joinpath("kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "draftlab tests",
+                "language": "python",
+            }
+        )
+    )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
     return "python3"
 
 
 def execute(name: str, kernel: str) -> nbformat.NotebookNode:
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(notebook, kernel_name=kernel, timeout=120,
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()  # raises on the first failing cell
+    NotebookClient(
+        notebook, kernel_name=kernel, timeout=120, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()  # raises on the first failing cell
     return notebook
 
 
 def outputs(notebook: nbformat.NotebookNode, mime: str) -> list[str]:
-    return [out["data"][mime] for cell in notebook.cells if cell.cell_type == "code"
-            for out in cell.get("outputs", []) if mime in out.get("data", {})]
+    return [
+        out["data"][mime]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if mime in out.get("data", {})
+    ]
 
 
 @pytest.mark.parametrize("name", ["round_by_round.ipynb", "study_results.ipynb"])
@@ -49,6 +61,7 @@ def test_notebooks_are_committed_without_outputs(name):
             assert cell.outputs == [] and cell.execution_count is None
 
 
+@pytest.mark.slow
 def test_round_by_round_runs_on_the_bundled_email(kernel_of_this_python):
     """The email under gated, graded and fixed: three figures, the summary and breakdown tables, and the reply
     decoded with GPT-2, coloured, with the legend and the wasted full block at "Sorry"."""
@@ -62,6 +75,7 @@ def test_round_by_round_runs_on_the_bundled_email(kernel_of_this_python):
     assert "<th>wasted (ms)</th>" in html
 
 
+@pytest.mark.slow
 def test_study_results_runs_a_tiny_study_and_shows_it(kernel_of_this_python, monkeypatch):
     """With no storage given, a tiny real two-objective study: history, importances, Pareto front and rows figures,
     the Pareto table and the per-row table against the shipped gated."""

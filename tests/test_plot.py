@@ -1,10 +1,11 @@
-"""`python -m sim.plot` (issue 4): real PNG files with fixed names, byte-identical on a rerun, from a rounds file and
-from real optuna studies on SQLite; a figure a study cannot support is skipped with a note; bad input is one
-`error:` line and exit code 2; every flag has help."""
+"""`python -m sim.plot`: real PNG files with fixed names, byte-identical on a rerun and written atomically, from a
+rounds file and from real optuna studies on SQLite; a figure a study cannot support is skipped with a note; bad input
+is one `error:` line and exit code 2; every flag has help."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +13,20 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import ROOT
+from matplotlib.artist import Artist
 from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
 from PIL import Image
 
-from sim.config import make_config
-from sim.costs import load_profile
-from sim import plot
+from sim.engine.config import make_config
+from sim.engine.costs import load_profile
+from sim.engine.replay import geomean, replay
+from sim.engine.timing import recurrence_timing
+from sim.engine.trace import read_trace
+from sim.figures import style
+from sim.figures.study_figures import rows_figure, trial_rows
 from sim.plot import build_parser, main
-from sim.replay import geomean, replay
-from sim.trace import read_trace
+from sim.tuning.trials import best_trial, feasible
 
 TRACES = [ROOT / "traces" / "email.jsonl", ROOT / "traces" / "edit_json.jsonl"]
 
@@ -37,17 +43,33 @@ def assert_real_png(path: Path) -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim.plot", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sim.plot", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
 def rounds_file(tmp_path_factory) -> Path:
     """email and edit_json under gated and graded on two profiles, written by the replay CLI."""
     path = tmp_path_factory.mktemp("rounds") / "rounds.jsonl"
-    done = subprocess.run([sys.executable, "-m", "sim.replay", *map(str, TRACES), "--compare", "gated,graded",
-                           "--profile", "gb10-qwen3-8b-4bit,gb10-qwen3-1.7b-4bit", "--rounds-out", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.replay",
+            *map(str, TRACES),
+            "--compare",
+            "gated,graded",
+            "--profile",
+            "gb10-qwen3-8b-4bit,gb10-qwen3-1.7b-4bit",
+            "--rounds-out",
+            str(path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return path
 
@@ -59,19 +81,29 @@ def make_study(storage, multi: bool, rows: bool, n_trials: int = 6) -> None:
     profile = load_profile("gb10-qwen3-8b-4bit")
 
     def objective(trial):
-        config = make_config("gated", {"full_at": trial.suggest_float("full_at", 0.5, 4.0),
-                                       "narrow_width": trial.suggest_int("narrow_width", 1, 4)})
-        results = [replay(trace, config, profile, fast=True) for trace in traces]
+        config = make_config(
+            "gated",
+            {
+                "full_at": trial.suggest_float("full_at", 0.5, 4.0),
+                "narrow_width": trial.suggest_int("narrow_width", 1, 4),
+            },
+        )
+        results = [replay(trace, config, profile, model=recurrence_timing).as_dict() for trace in traces]
         if rows:
-            trial.set_user_attr("per_row", [{"trace": r["trace"], "profile": r["profile"], "speedup": r["speedup"]}
-                                            for r in results])
+            trial.set_user_attr(
+                "per_row", [{"trace": r["trace"], "profile": r["profile"], "speedup": r["speedup"]} for r in results]
+            )
         speedups = [r["speedup"] for r in results]
         trial.set_constraint("min_row_speedup", 0.98 - min(speedups))
         return (geomean(speedups), min(speedups)) if multi else geomean(speedups)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name="demo", storage=storage, sampler=optuna.samplers.RandomSampler(seed=1),
-                                directions=["maximize", "maximize"] if multi else ["maximize"])
+    study = optuna.create_study(
+        study_name="demo",
+        storage=storage,
+        sampler=optuna.samplers.RandomSampler(seed=1),
+        directions=["maximize", "maximize"] if multi else ["maximize"],
+    )
     study.optimize(objective, n_trials=n_trials)
 
 
@@ -79,9 +111,12 @@ def test_round_figures_are_real_pngs_named_by_trace_and_profile(rounds_file, tmp
     """Three figures per trace and profile, named TRACE_PROFILE_{timeline,rounds,gap}.png, each a real image."""
     done = cli("rounds", str(rounds_file), "--out", str(tmp_path / "figs"))
     assert done.returncode == 0, done.stderr
-    expected = sorted(f"{trace}_{profile}_{kind}.png" for trace in ("email", "edit_json")
-                      for profile in ("gb10-qwen3-8b-4bit", "gb10-qwen3-1.7b-4bit")
-                      for kind in ("timeline", "rounds", "gap"))
+    expected = sorted(
+        f"{trace}_{profile}_{kind}.png"
+        for trace in ("email", "edit_json")
+        for profile in ("gb10-qwen3-8b-4bit", "gb10-qwen3-1.7b-4bit")
+        for kind in ("timeline", "rounds", "gap")
+    )
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == expected
     assert sorted(Path(line).name for line in done.stdout.splitlines()) == expected
     for name in expected:
@@ -116,8 +151,9 @@ def test_study_without_rows_skips_those_figures_with_a_note(tmp_path):
     folder = tmp_path / "studies" / "demo"
     folder.mkdir(parents=True)
     journal = str(tmp_path / "studies" / "demo.journal.log")
-    make_study(optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal)), multi=False,
-               rows=False)
+    make_study(
+        optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal)), multi=False, rows=False
+    )
     done = cli("study", "--study-dir", str(folder), "--out", str(tmp_path / "figs"))
     assert done.returncode == 0, done.stderr
     assert [Path(line).name for line in done.stdout.splitlines()] == ["demo_history.png", "demo_importances.png"]
@@ -133,27 +169,41 @@ def test_best_trial_is_the_best_feasible_one(tmp_path):
     dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
     for value, violation in ((2.0, 0.5), (1.5, 0.0), (1.0, -0.1)):
         rows = [{"trace": "t", "profile": "p", "speedup": value}]
-        study.add_trial(optuna.trial.create_trial(params={"x": value / 2}, distributions=dist, value=value,
-                                                  user_attrs={"rows": rows},
-                                                  system_attrs={"constraints:min_row_speedup": violation}))
-    best = plot.best_trial(study)
-    assert best.number == 1 and plot.feasible(best) and not plot.feasible(study.trials[0])
-    assert plot.trial_rows(best) == [{"trace": "t", "profile": "p", "speedup": 1.5}]
-    fig, why = plot.rows_figure(study, baseline=None)
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": value / 2},
+                distributions=dist,
+                value=value,
+                user_attrs={"rows": rows},
+                system_attrs={"constraints:min_row_speedup": violation},
+            )
+        )
+    best = best_trial(study)
+    assert best.number == 1 and feasible(best) and not feasible(study.trials[0])
+    assert trial_rows(best) == [{"trace": "t", "profile": "p", "speedup": 1.5}]
+    fig, why = rows_figure(study, baseline=None)
     assert why == "" and fig.axes[0].get_yticklabels()[0].get_text() == "t / p"
 
 
 def test_best_trial_breaks_ties_on_the_next_objective(tmp_path):
     """Two feasible trials equal on the first objective: the one better on the second (the Pareto-front one) is best,
     however their numbers fall; an infeasible trial better on both never is."""
-    study = optuna.create_study(study_name="ties", storage=f"sqlite:///{tmp_path / 't.db'}",
-                                directions=["maximize", "maximize"])
+    study = optuna.create_study(
+        study_name="ties", storage=f"sqlite:///{tmp_path / 't.db'}", directions=["maximize", "maximize"]
+    )
     dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
-    for i, (values, violation) in enumerate((([1.2, 0.90], 0.0), ([1.2, 0.95], 0.0), ([1.1, 1.0], 0.0),
-                                             ([1.3, 1.0], 0.1))):
-        study.add_trial(optuna.trial.create_trial(params={"x": i / 4}, distributions=dist, values=values,
-                                                  system_attrs={"constraints:min_row_speedup": violation}))
-    assert plot.best_trial(study).number == 1
+    for i, (values, violation) in enumerate(
+        (([1.2, 0.90], 0.0), ([1.2, 0.95], 0.0), ([1.1, 1.0], 0.0), ([1.3, 1.0], 0.1))
+    ):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": i / 4},
+                distributions=dist,
+                values=values,
+                system_attrs={"constraints:min_row_speedup": violation},
+            )
+        )
+    assert best_trial(study).number == 1
     assert 1 in [t.number for t in study.best_trials] and 0 not in [t.number for t in study.best_trials]
 
 
@@ -164,32 +214,102 @@ def test_rows_figure_draws_the_callers_rows_and_the_constraint_limit(tmp_path):
     make_study(f"sqlite:///{tmp_path / 's.db'}", multi=False, rows=False, n_trials=2)
     study = optuna.load_study(study_name="demo", storage=f"sqlite:///{tmp_path / 's.db'}")
     profile = load_profile("gb10-qwen3-8b-4bit")
-    series = [(policy, [{"trace": r["trace"], "profile": r["profile"]["name"], "speedup": r["speedup"]}
-                        for r in (replay(read_trace(t), make_config(policy, {}), profile, fast=True) for t in TRACES)])
-              for policy in ("graded", "gated")]
-    assert plot.rows_figure(study)[0] is None  # its trials store no rows
-    fig, why = plot.rows_figure(study, series=series, limit=0.98)
+    series = [
+        (
+            policy,
+            [
+                {"trace": r.trace.name, "profile": r.profile.name, "speedup": r.speedup}
+                for r in (
+                    replay(read_trace(t), make_config(policy, {}), profile, model=recurrence_timing) for t in TRACES
+                )
+            ],
+        )
+        for policy in ("graded", "gated")
+    ]
+    assert rows_figure(study)[0] is None  # its trials store no rows
+    fig, why = rows_figure(study, series=series, limit=0.98)
     ax = fig.axes[0]
     assert why == "" and [c.get_label() for c in ax.containers] == ["graded", "gated"]
-    assert [[bar.get_width() for bar in c] for c in ax.containers] == [[r["speedup"] for r in rows]
-                                                                       for _, rows in series]
-    assert [c[0].get_facecolor() for c in ax.containers] == [to_rgba(plot.OWN), to_rgba(plot.PALETTE[0])]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["email / gb10-qwen3-8b-4bit",
-                                                            "edit_json / gb10-qwen3-8b-4bit"]
+    assert [[bar.get_width() for bar in c] for c in ax.containers] == [
+        [r["speedup"] for r in rows] for _, rows in series
+    ]
+    assert [c[0].get_facecolor() for c in ax.containers] == [to_rgba(style.OWN), to_rgba(style.PALETTE[0])]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "email / gb10-qwen3-8b-4bit",
+        "edit_json / gb10-qwen3-8b-4bit",
+    ]
     limit = [line for line in ax.get_lines() if line.get_label() == "min_row_speedup 0.98 (constraint)"]
     assert len(limit) == 1 and list(limit[0].get_xdata()) == [0.98, 0.98]
     assert ax.get_xlim()[0] < 0.98
 
 
-@pytest.mark.parametrize("args, message", [
-    (["rounds", "{tmp}/nothing.jsonl"], "no such rounds file"),
-    (["rounds", str(ROOT / "traces" / "email.jsonl")], "expected a line of type 'run' or 'round'"),
-    (["study", "--storage", "sqlite:///{tmp}/missing.db"], "no such SQLite file"),
-    (["study", "--study-dir", str(ROOT / "traces" / "profiles")], "expected exactly one study file"),
-    (["study", "--study-dir", "{tmp}/nowhere"], "no such study folder"),
-    (["study", "--storage", "sqlite:///{tmp}/s.db", "--study", "other"], "has no study 'other'; it holds: demo"),
-    (["study", "--storage", "sqlite:///{tmp}/s.db", "--baseline-trial", "best"], "--baseline-trial must be"),
-])
+class Broken(Artist):
+    """An artist that fails to draw: any render of a figure holding it raises."""
+
+    def draw(self, renderer):
+        raise RuntimeError("cannot draw")
+
+
+def small_figure() -> Figure:
+    fig = Figure(figsize=(3, 2))
+    fig.subplots().plot([0, 1, 2], [1, 0, 1])
+    return fig
+
+
+def test_save_leaves_only_the_png_in_the_folder(tmp_path):
+    """`style.save` writes through a temporary file and renames it into place: afterwards the folder holds the PNG
+    and nothing else, and the PNG is the figure rendered with the pinned metadata."""
+    path = style.save(small_figure(), tmp_path / "fig.png")
+    assert path == tmp_path / "fig.png"
+    assert sorted(os.listdir(tmp_path)) == ["fig.png"]
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size == (3 * style.DPI, 2 * style.DPI)
+        assert "Software" not in image.info
+
+
+def test_failing_render_leaves_the_previous_png_untouched(tmp_path):
+    """A figure whose render raises: the error propagates, the PNG already at that path stays byte-identical and no
+    temporary file is left behind."""
+    path = style.save(small_figure(), tmp_path / "fig.png")
+    before = path.read_bytes()
+    fig = small_figure()
+    fig.add_artist(Broken())
+    with pytest.raises(RuntimeError, match="cannot draw"):
+        style.save(fig, path)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["fig.png"]
+
+
+def test_failing_write_leaves_the_previous_png_untouched(tmp_path, monkeypatch):
+    """A write that fails after the temporary file was filled (the rename into place fails): the PNG already at that
+    path stays byte-identical and the temporary file is removed."""
+    path = style.save(small_figure(), tmp_path / "fig.png")
+    before = path.read_bytes()
+
+    def refuse(src, dst):
+        raise OSError("rename refused")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    fig = small_figure()
+    fig.subplots().plot([0, 1], [0, 1])  # different bytes, so a partial overwrite would show
+    with pytest.raises(OSError, match="rename refused"):
+        style.save(fig, path)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["fig.png"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["rounds", "{tmp}/nothing.jsonl"], "no such rounds file"),
+        (["rounds", str(ROOT / "traces" / "email.jsonl")], "expected a line of type 'run' or 'round'"),
+        (["study", "--storage", "sqlite:///{tmp}/missing.db"], "no such SQLite file"),
+        (["study", "--study-dir", str(ROOT / "traces" / "profiles")], "expected exactly one study file"),
+        (["study", "--study-dir", "{tmp}/nowhere"], "no such study folder"),
+        (["study", "--storage", "sqlite:///{tmp}/s.db", "--study", "other"], "has no study 'other'; it holds: demo"),
+        (["study", "--storage", "sqlite:///{tmp}/s.db", "--baseline-trial", "best"], "--baseline-trial must be"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     """Missing or wrong files, unknown studies and bad flag values: exit 2, one `error:` line, no traceback, and
     no SQLite file created where there was none."""

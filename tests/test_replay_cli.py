@@ -1,6 +1,7 @@
-"""The replay command line (`python -m sim.replay`, issue 2 item 8): bad input is one `error: ...` line and exit code
-2, `--json` is byte-identical run to run and carries every promised key, and `--compare`, `--max-tokens`, `--config`
-and several profiles do what their help says."""
+"""The replay command line (`python -m sim.replay`): bad input is one `error: ...` line and exit code 2 while a
+programming error keeps its traceback, `--json` is byte-identical run to run and carries exactly the promised keys
+(docs/timing.md section 11), and `--compare`, `--max-tokens`, `--config` and several profiles do what their help
+says."""
 
 from __future__ import annotations
 
@@ -13,21 +14,49 @@ import pytest
 import yaml
 from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl
 
-from sim.config import make_config
-from sim.costs import DEFAULT_PROFILE, bundled_profiles, load_profile
-from sim.replay import build_parser, main, replay
-from sim.trace import read_trace
+from sim.engine.config import make_config
+from sim.engine.costs import DEFAULT_PROFILE, bundled_profiles, load_profile
+from sim.engine.replay import replay
+from sim.engine.trace import read_trace
+from sim.replay import build_parser, main
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
-JSON_KEYS = {"trace", "policy", "params", "profile", "generated_tokens", "rounds", "drafted_rounds", "paused_rounds",
-             "proposed", "accepted", "acceptance_rate", "tokens_per_forward", "shadow_confirmations", "time_ms",
-             "plain_time_ms", "speedup"}
+JSON_KEYS = {
+    "trace",
+    "trace_path",
+    "trace_sha256",
+    "label",
+    "policy",
+    "params",
+    "profile",
+    "max_tokens",
+    "jitter",
+    "seed",
+    "generated_tokens",
+    "rounds",
+    "drafted_rounds",
+    "paused_rounds",
+    "proposed",
+    "accepted",
+    "shadow_confirmations",
+    "acceptance_rate",
+    "tokens_per_forward",
+    "risk_margin",
+    "risky_verifies",
+    "time_ms",
+    "plain_time_ms",
+    "speedup",
+    "tok_s",
+    "plain_tok_s",
+}
+PROFILE_KEYS = {"name", "sha256", "pipelined_ms", "host_gap_ms", "extend", "prefill_fixed_ms", "prefill_per_token_ms"}
 POLICIES = "off,fixed,graded,gated,heuristic"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim.replay", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sim.replay", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def _main(capsys, *args: str) -> tuple[int, str, str]:
@@ -49,26 +78,35 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     return {
         "missing trace file": ([missing], [f"{missing}: no such trace file"]),
         "bad trace line": ([str(broken)], [f"{broken}:3: ", "'id'"]),
-        "unknown policy": ([EMAIL, "--policy", "gatd"],
-                           ["unknown policy 'gatd'", "fixed, gated, graded, heuristic, off"]),
+        "unknown policy": (
+            [EMAIL, "--policy", "gatd"],
+            ["unknown policy 'gatd'", "fixed, gated, graded, heuristic, off"],
+        ),
         "unknown policy in --compare": ([EMAIL, "--compare", "off,nope"], ["unknown policy 'nope'"]),
-        "unknown --set key": ([EMAIL, "--set", "fullat=2"],
-                              ["unknown parameter(s) fullat", "full_at", "max_draft", "ngram_min"]),
+        "unknown --set key": (
+            [EMAIL, "--set", "fullat=2"],
+            ["unknown parameter(s) fullat", "full_at", "max_draft", "ngram_min"],
+        ),
         "bad --set value": ([EMAIL, "--set", "full_at=high"], ["full_at must be float, got 'high'"]),
         "bad --set choice": ([EMAIL, "--set", "probation=never"], ["probation must be one of whole_narrow, any_token"]),
         "--set without =": ([EMAIL, "--set", "full_at"], ["expected key=value, got 'full_at'"]),
         "unknown profile": ([EMAIL, "--profile", "gb10-nope"], ["unknown profile 'gb10-nope'", *bundled_profiles()]),
         "empty profile name": ([EMAIL, "--profile", f"{DEFAULT_PROFILE},"], ["unknown profile ''; bundled: "]),
         "missing profile file": ([EMAIL, "--profile", str(tmp_path / "p.yaml")], ["p.yaml: no such profile file"]),
-        "--max-tokens past the cap": ([EMAIL, "--max-tokens", "401"],
-                                      ["--max-tokens may only shorten", "max_tokens=400"]),
+        "--max-tokens past the cap": (
+            [EMAIL, "--max-tokens", "401"],
+            ["--max-tokens may only shorten", "max_tokens=400"],
+        ),
         "--max-tokens past a cut trace": ([str(cut), "--max-tokens", "6"], ["may only shorten", "max_tokens=5"]),
         "--max-tokens zero": ([EMAIL, "--max-tokens", "0"], ["--max-tokens must be >= 1"]),
         "width beyond the profile": ([EMAIL, "--max-draft", "10"], ["width 11", "lower max_draft"]),
         "width beyond via --set": ([EMAIL, "--set", "max_draft=12"], ["width 13"]),
         "bad ngram bounds": ([EMAIL, "--ngram-min", "3", "--ngram-max", "2"], ["ngram_min"]),
         "missing config file": ([EMAIL, "--config", str(tmp_path / "best.yaml")], ["best.yaml: no such config file"]),
-        "negative jitter": ([EMAIL, "--jitter", "-0.1"], ["jitter must be >= 0"]),
+        "negative jitter": ([EMAIL, "--jitter", "-0.1"], ["jitter must be a finite number in [0, 1]", "got -0.1"]),
+        "jitter above one": ([EMAIL, "--jitter", "1.5"], ["jitter must be a finite number in [0, 1]", "got 1.5"]),
+        "jitter not a number": ([EMAIL, "--jitter", "nan"], ["jitter must be a finite number in [0, 1]"]),
+        "negative seed": ([EMAIL, "--jitter", "0.05", "--seed", "-1"], ["seed must be >= 0, got -1"]),
         "same configuration twice": ([EMAIL, "--compare", "gated,gated:full_at=1.5"], ["more than once: gated"]),
     }
 
@@ -87,7 +125,7 @@ def bad_inputs(tmp_path):
 
 @pytest.mark.parametrize("case", BAD_IDS)
 def test_bad_input_is_one_error_line_and_exit_2(capsys, bad_inputs, case):
-    """Each bad input of issue 2 item 8 prints exactly one `error: ...` line on stderr, nothing on stdout, exit 2."""
+    """Each bad input prints exactly one `error: ...` line on stderr, nothing on stdout, exit 2."""
     args, fragments = bad_inputs[case]
     code, out, err = _main(capsys, *args)
     assert code == 2
@@ -109,8 +147,11 @@ def test_bad_input_as_a_process_has_no_traceback(bad_inputs, case):
     assert all(fragment in done.stderr for fragment in fragments)
 
 
-@pytest.mark.parametrize("args", [[EMAIL, "--max-tokens", "abc"], [], [EMAIL, "--no-such-flag"]],
-                         ids=["not an int", "no trace", "unknown flag"])
+@pytest.mark.parametrize(
+    "args",
+    [[EMAIL, "--max-tokens", "abc"], [], [EMAIL, "--no-such-flag"]],
+    ids=["not an int", "no trace", "unknown flag"],
+)
 def test_argument_errors_are_one_line_too(args):
     """argparse's own errors (a non-integer, a missing TRACE, an unknown flag) are one `error:` line, exit 2."""
     done = _cli(*args)
@@ -122,7 +163,8 @@ def test_argument_errors_are_one_line_too(args):
 
 
 def test_json_is_byte_identical_across_runs_and_has_every_key():
-    """`--json` prints one sorted-keys object per trace and policy, the same bytes in two separate processes."""
+    """`--json` prints one sorted-keys object per trace and policy, with exactly the promised keys, the same bytes in
+    two separate processes."""
     args = [*map(str, BUNDLED_TRACES), "--compare", POLICIES, "--json"]
     first, second = _cli(*args), _cli(*args)
     assert first.returncode == 0, first.stderr
@@ -130,21 +172,25 @@ def test_json_is_byte_identical_across_runs_and_has_every_key():
     rows = _json_rows(first.stdout)
     assert len(rows) == len(BUNDLED_TRACES) * 5
     for row in rows:
-        assert JSON_KEYS <= set(row), JSON_KEYS - set(row)
+        assert set(row) == JSON_KEYS, set(row) ^ JSON_KEYS
+        assert set(row["profile"]) == PROFILE_KEYS
+        assert list(row) == sorted(row)
         assert row["speedup"] == row["plain_time_ms"] / row["time_ms"]
         assert row["profile"]["name"] == DEFAULT_PROFILE
         assert row["accepted"] <= row["proposed"]
     assert {(r["trace"], r["policy"]) for r in rows} == {
-        (p.stem, policy) for p in BUNDLED_TRACES for policy in POLICIES.split(",")}
+        (p.stem, policy) for p in BUNDLED_TRACES for policy in POLICIES.split(",")
+    }
 
 
 def test_json_row_equals_the_replay_function(capsys):
-    """The CLI's row is `sim.replay.replay`'s row for the same trace, configuration and profile."""
+    """The CLI's row is `sim.engine.replay.replay`'s row (as a dict) for the same trace, configuration and profile."""
     code, out, _ = _main(capsys, EMAIL, "--policy", "graded", "--json")
     assert code == 0
     (row,) = _json_rows(out)
     expected = replay(read_trace(EMAIL), make_config("graded", {}), load_profile(DEFAULT_PROFILE))
-    assert row == json.loads(json.dumps({**expected, "label": "graded"}))
+    assert expected.label == "graded"
+    assert row == json.loads(json.dumps(expected.as_dict()))
     assert row["params"]["max_draft"] == 7 and row["params"]["ngram_min"] == 2 and row["params"]["ngram_max"] == 3
 
 
@@ -169,8 +215,8 @@ def test_compare_prints_a_table_with_a_row_per_trace_and_a_geomean(capsys):
     by_name = {line.split()[0]: line.split() for line in lines[2:] if line.strip()}
     assert set(by_name) >= {p.stem for p in BUNDLED_TRACES} | {"geomean"}
     gated = replay(read_trace(EMAIL), make_config("gated", {}), load_profile(DEFAULT_PROFILE))
-    assert by_name["email"][1] == str(gated["generated_tokens"])
-    assert by_name["email"][2 + 3] == f"{gated['speedup']:.3f}x"
+    assert by_name["email"][1] == str(gated.generated)
+    assert by_name["email"][2 + 3] == f"{gated.speedup:.3f}x"
     assert len(by_name["geomean"]) == 1 + 5
 
 
@@ -192,9 +238,10 @@ def test_config_file_sets_policy_and_parameters(capsys, tmp_path):
     assert code == 0
     (row,) = _json_rows(out)
     assert row["policy"] == "gated" and row["params"]["full_at"] == 1.75 and row["params"]["max_draft"] == 5
-    expected = replay(read_trace(EMAIL), make_config("gated", {"full_at": 1.75, "max_draft": 5}),
-                      load_profile(DEFAULT_PROFILE))
-    assert row == json.loads(json.dumps({**expected, "label": row["label"]}))
+    expected = replay(
+        read_trace(EMAIL), make_config("gated", {"full_at": 1.75, "max_draft": 5}), load_profile(DEFAULT_PROFILE)
+    )
+    assert row == json.loads(json.dumps(expected.as_dict()))
     _, out, _ = _main(capsys, EMAIL, "--config", str(path), "--set", "max_draft=3", "--json")
     assert _json_rows(out)[0]["params"]["max_draft"] == 3
 
@@ -225,6 +272,46 @@ def test_profile_by_path(capsys):
     _, by_path, _ = _main(capsys, EMAIL, "--profile", str(path), "--json")
     _, by_name, _ = _main(capsys, EMAIL, "--json")
     assert by_path == by_name
+
+
+# --------------------------------------------------------------- programming errors
+
+WRAPPER = """\
+import sys
+
+sys.path.insert(0, {root!r})
+
+import sim.engine.replay
+import sim.replay
+
+
+def broken(*args, **kwargs):
+    raise {error}("boom")
+
+
+# replay() looks run_trace up in sim.engine.replay; patch the CLI module's own name for it too, if it has one.
+sim.engine.replay.run_trace = broken
+if hasattr(sim.replay, "run_trace"):
+    sim.replay.run_trace = broken
+sys.exit(sim.replay.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "ValueError"])
+def test_programming_error_keeps_its_traceback(tmp_path, error):
+    """An exception that is not a user error (a RuntimeError, and a bare ValueError too) raised inside replay is not
+    turned into an `error:` line: the process fails with the full traceback."""
+    wrapper = tmp_path / "broken_replay.py"
+    wrapper.write_text(WRAPPER.format(root=str(ROOT), error=error), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(wrapper), EMAIL, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode not in (0, 2), done.stderr
+    assert done.stdout == ""
+    assert not done.stderr.startswith("error:"), done.stderr
+    assert done.stderr.startswith("Traceback"), done.stderr
+    assert f"{error}: boom" in done.stderr
+    assert "in broken" in done.stderr  # the traceback reaches the frame that raised
 
 
 def test_every_flag_has_help():

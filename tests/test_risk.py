@@ -1,13 +1,14 @@
-"""Near-tie parity risk (DESIGN §7): drafted verifies that emitted a token whose greedy choice was a near tie."""
+"""Near-tie parity risk (docs/parity-risk.md): drafted verifies that emitted a token whose greedy choice was a near
+tie."""
 
-from pathlib import Path
+from conftest import ROOT
 
-from sim.config import make_config
-from sim.costs import load_profile
-from sim.replay import main, replay
-from sim.trace import read_trace, write_trace
+from sim.engine.config import make_config
+from sim.engine.costs import load_profile
+from sim.engine.replay import replay
+from sim.engine.trace import read_trace, write_trace
+from sim.replay import main
 
-ROOT = Path(__file__).resolve().parent.parent
 PROMPT = list(range(100, 120))
 REPLY = [300, 100, 101, 999, *range(102, 120)]  # copy, break, copy: gated verifies spans (3,1) (9,3) (12,8) (20,2)
 
@@ -27,24 +28,24 @@ def row(trace, **kwargs):
 
 def test_near_tie_inside_a_drafted_verify_is_counted(tmp_path):
     """A low margin at token 10 (emitted by the width-3 verify of tokens 9..11) makes that verify risky."""
-    assert row(trace_with_margins(tmp_path, [10]))["risky_verifies"] == 1
+    assert row(trace_with_margins(tmp_path, [10])).risky_verifies == 1
 
 
 def test_near_tie_in_a_plain_step_is_not_a_verify_risk(tmp_path):
     """A low margin at token 5 (emitted by a one-token pipelined step) is no verify's risk."""
-    assert row(trace_with_margins(tmp_path, [5]))["risky_verifies"] == 0
+    assert row(trace_with_margins(tmp_path, [5])).risky_verifies == 0
 
 
 def test_threshold_decides_what_a_near_tie_is(tmp_path):
     """The same margin 0.1 is risky under threshold 0.5 and not under 0.05; two spans hit count two."""
     trace = trace_with_margins(tmp_path, [10, 13])
-    assert row(trace, risk_margin=0.5)["risky_verifies"] == 2
-    assert row(trace, risk_margin=0.05)["risky_verifies"] == 0
+    assert row(trace, risk_margin=0.5).risky_verifies == 2
+    assert row(trace, risk_margin=0.05).risky_verifies == 0
 
 
 def test_traces_without_margins_report_no_risk_count():
     """A trace without margins (the bundled reference traces) reports risky_verifies as null, not 0."""
-    assert row(read_trace(ROOT / "traces" / "email.jsonl"))["risky_verifies"] is None
+    assert row(read_trace(ROOT / "traces" / "email.jsonl")).risky_verifies is None
 
 
 def test_cli_prints_the_parity_risk_line(tmp_path, capsys):

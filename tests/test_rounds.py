@@ -1,26 +1,37 @@
-"""Round records (sim/rounds.py) and `python -m sim.replay --rounds-out` (issue 4): one record per loop iteration
-that sums back to mlxcel's counters and ends at the simulated total time, a rounds file that round-trips
-byte-identically, one-line errors for misuse, and the reply view that colours tokens by the round that emitted them."""
+"""Round records (sim/figures/rounds.py) and `python -m sim.replay --rounds-out` (docs/trace-format.md): one record
+per loop iteration that sums back to mlxcel's counters and ends at the simulated total time, a rounds file that
+round-trips byte-identically, one-line errors for misuse, and the reply view that colours tokens by the round that
+emitted them."""
 
 from __future__ import annotations
 
 import json
 import re
+from itertools import pairwise
 
 import pytest
 from conftest import BUNDLED_TRACES, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.config import make_config
-from sim.costs import load_profile
-from sim.des import fast_time, plain_actions
-from sim.lookup import PromptLookup
-from sim.loop import TraceTarget, run
-from sim.replay import main, replay_rounds
-from sim.rounds import ROLE_STYLE, ROUND_KEYS, RoundsError, gains_by_role, read_rounds, reply_html, timed_rounds, \
-    token_roles
-from sim.trace import read_trace
+from sim.engine.config import make_config
+from sim.engine.costs import load_profile
+from sim.engine.lookup import PromptLookup
+from sim.engine.loop import TraceTarget, run
+from sim.engine.timing import Jitter, plain_actions, recurrence_timing, simpy_timing, time_run
+from sim.engine.trace import read_trace
+from sim.errors import RoundsError
+from sim.figures.rounds import (
+    ROLE_STYLE,
+    ROUND_KEYS,
+    gains_by_role,
+    read_rounds,
+    replay_rounds,
+    reply_html,
+    round_records,
+    token_roles,
+)
+from sim.replay import main
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
 PROFILE = load_profile("gb10-qwen3-8b-4bit")
@@ -46,7 +57,7 @@ def assert_consistent(records: list[dict], total_ms: float, plain_ms: float) -> 
     if not records:
         assert total_ms == plain_ms
         return
-    for before, after in zip(records, records[1:]):
+    for before, after in pairwise(records):
         assert after["start_ms"] == before["end_ms"]
         assert after["tokens"] == before["tokens"] + after["emitted"]
         assert after["first_token"] == before["tokens"]
@@ -62,9 +73,10 @@ def assert_consistent(records: list[dict], total_ms: float, plain_ms: float) -> 
 @pytest.mark.parametrize("trace_path", BUNDLED_TRACES, ids=lambda p: p.stem)
 def test_bundled_rounds_sum_to_the_counters_and_the_total_time(policy, trace_path):
     """Every bundled trace under gated and graded: the records add up to the row's counters and end at its time."""
-    run_ = replay_rounds(read_trace(trace_path), make_config(policy, {}), PROFILE)
+    row, run_ = replay_rounds(read_trace(trace_path), make_config(policy, {}), PROFILE)
+    assert run_.row == row.as_dict()
     assert sums(run_.rounds) == {key: run_.row[key] for key in sums(run_.rounds)}
-    assert_consistent(run_.rounds, run_.row["time_ms"], run_.row["plain_time_ms"])
+    assert_consistent(run_.rounds, row.time_ms, row.plain_time_ms)
     assert all(set(r) == set(ROUND_KEYS) for r in run_.rounds)
 
 
@@ -81,33 +93,44 @@ def test_random_streams_sum_to_the_counters_and_the_total_time(policy, prompt, r
     """Random repetitive streams, EOS or a cap, with or without jitter: the same sums and the same end time."""
     config = make_config(policy, {"max_draft": 5})
     cap = None if eos else min(cut, len(reply))
-    result = run(TraceTarget(reply, 99, eos), config.governor(), config.loop, prompt, cap, PromptLookup(),
-                 keep_rounds=True)
-    records = timed_rounds(result, PROFILE, len(prompt), eos, jitter, seed=3, fast=True)
+    result = run(
+        TraceTarget(reply, 99, eos), config.governor(), config.loop, prompt, cap, PromptLookup(), keep_iterations=True
+    )
+    noise = Jitter(jitter, 3)
+    records = round_records(
+        result, time_run(result, PROFILE, len(prompt), eos, noise, recurrence_timing, keep_host_times=True)
+    )
     c = result.counters
     expected = {**{k: getattr(c, k) for k in sums([]) if k != "generated_tokens"}, "generated_tokens": c.generated}
     assert sums(records) == expected
-    total = fast_time(result.actions, PROFILE, len(prompt), jitter, 3).total_ms
-    plain = fast_time(plain_actions(c.generated, eos), PROFILE, len(prompt), jitter, 3).total_ms
+    total = recurrence_timing(result.actions, result.contexts, PROFILE, len(prompt), noise).total_ms
+    plain = recurrence_timing(*plain_actions(c.generated, eos, len(prompt)), PROFILE, len(prompt), noise).total_ms
     assert_consistent(records, total, plain)
 
 
 def test_simpy_and_fast_records_are_identical():
     """The simpy model and the recurrence give the same records, to the last bit, jitter included."""
     trace = read_trace(ROOT / "traces" / "summary.jsonl")
-    slow = replay_rounds(trace, make_config("gated", {}), PROFILE, jitter=0.05, seed=7)
-    fast = replay_rounds(trace, make_config("gated", {}), PROFILE, jitter=0.05, seed=7, fast=True)
-    assert slow.rounds == fast.rounds
+    slow = replay_rounds(trace, make_config("gated", {}), PROFILE, jitter=Jitter(0.05, 7), model=simpy_timing)
+    fast = replay_rounds(trace, make_config("gated", {}), PROFILE, jitter=Jitter(0.05, 7), model=recurrence_timing)
+    assert slow[1].rounds == fast[1].rounds
 
 
 def test_copy_break_copy_records_show_the_pause_probe_and_confirmation():
-    """DESIGN's "copy, break, copy" under gated: the miss pauses, a probe is made while paused, and exactly one
-    record confirms it, after which the governor drafts again with probation on."""
+    """The "copy, break, copy" example (docs/loop.md, section 5) under gated: the miss pauses, a probe is made while
+    paused, and exactly one record confirms it, after which the governor drafts again with probation on."""
     prompt, reply = list(range(100, 120)), [300, 100, 101, 999, *range(102, 120)]
     config = make_config("gated", {})
-    result = run(TraceTarget(reply, -1, False), config.governor(), config.loop, prompt, len(reply), PromptLookup(),
-                 keep_rounds=True)
-    records = timed_rounds(result, PROFILE, len(prompt), stopped_on_eos=False)
+    result = run(
+        TraceTarget(reply, -1, False),
+        config.governor(),
+        config.loop,
+        prompt,
+        len(reply),
+        PromptLookup(),
+        keep_iterations=True,
+    )
+    records = round_records(result, time_run(result, PROFILE, len(prompt), stopped_on_eos=False, keep_host_times=True))
     confirmed = [r for r in records if r["shadow_confirmed"]]
     assert len(confirmed) == 1
     probe = next(r for r in records if r["probe_made"])
@@ -125,8 +148,12 @@ def test_rounds_out_file_holds_each_run_and_is_byte_identical(tmp_path, capsys):
     json_rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     first = out.read_bytes()
     runs = read_rounds(out)
-    assert [(r.row["trace"], r.label) for r in runs] == [("email", "gated"), ("email", "graded"),
-                                                        ("edit_json", "gated"), ("edit_json", "graded")]
+    assert [(r.row["trace"], r.label) for r in runs] == [
+        ("email", "gated"),
+        ("email", "graded"),
+        ("edit_json", "gated"),
+        ("edit_json", "graded"),
+    ]
     assert [r.row for r in runs] == json_rows
     lines = [json.loads(line) for line in first.decode().splitlines()]
     assert [line["type"] for line in lines].count("run") == 4
@@ -135,11 +162,14 @@ def test_rounds_out_file_holds_each_run_and_is_byte_identical(tmp_path, capsys):
     assert out.read_bytes() == first
 
 
-@pytest.mark.parametrize("target, message", [
-    (EMAIL, "is one of the input traces"),
-    ("{tmp}/missing/rounds.jsonl", "does not exist"),
-    ("{tmp}", "is a folder"),
-])
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        (EMAIL, "is one of the input traces"),
+        ("{tmp}/missing/rounds.jsonl", "does not exist"),
+        ("{tmp}", "is a folder"),
+    ],
+)
 def test_rounds_out_misuse_is_one_line_and_exit_2(tmp_path, capsys, target, message):
     """Overwriting an input trace, a missing folder or a folder as the file: exit 2, one error line, nothing written."""
     before = (ROOT / "traces" / "email.jsonl").read_bytes()
@@ -150,12 +180,15 @@ def test_rounds_out_misuse_is_one_line_and_exit_2(tmp_path, capsys, target, mess
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"type": "header", "version": 1}\n', "expected a line of type 'run' or 'round'"),
-    ('{"type": "round", "run": 0}\n', "round line lacks"),
-    ("not json\n", "not a JSON object"),
-    ("", "no runs"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"type": "header", "version": 1}\n', "expected a line of type 'run' or 'round'"),
+        ('{"type": "round", "run": 0}\n', "round line lacks"),
+        ("not json\n", "not a JSON object"),
+        ("", "no runs"),
+    ],
+)
 def test_read_rounds_names_the_line_that_is_wrong(tmp_path, text, message):
     """A file that is not a rounds file fails with `file:line: what was expected`."""
     path = tmp_path / "r.jsonl"
@@ -168,7 +201,7 @@ def test_token_roles_and_reply_html_cover_every_token():
     """On the email under gated: copied tokens are exactly the accepted ones, the full block at token 103 that landed
     nothing is one wasted token, and the HTML has one coloured span per reply token plus the legend."""
     trace = read_trace(EMAIL)
-    run_ = replay_rounds(trace, make_config("gated", {}), PROFILE)
+    _, run_ = replay_rounds(trace, make_config("gated", {}), PROFILE)
     roles = [role for role, _ in token_roles(run_.rounds, len(trace.tokens))]
     assert roles.count("copied") == run_.row["accepted"]
     wasted = [r for r in run_.rounds if r["drafted"] and r["accepted"] == 0]
@@ -176,5 +209,5 @@ def test_token_roles_and_reply_html_cover_every_token():
     html = reply_html(run_.rounds, list(trace.tokens), lambda ids: f"<{ids[0]}>")
     assert html.count('<span title="token ') == len(trace.tokens)
     assert html.count("&lt;") == len(trace.tokens)  # token text is escaped, never raw markup
-    for colour, text in ROLE_STYLE.values():
+    for colour, _ in ROLE_STYLE.values():
         assert colour in html

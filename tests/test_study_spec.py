@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-from sim.study import StudyError, load_spec
+from sim.errors import StudyError
+from sim.tuning.spec import load_spec
 
-ROOT = Path(__file__).resolve().parent.parent
 GOOD = f"""\
 name: tiny
 policy: gated
@@ -37,7 +38,8 @@ def error_of(tmp_path: Path, text: str) -> str:
 
 
 def test_a_good_spec_loads_with_its_defaults(tmp_path):
-    """Defaults: geomean objective, seeded TPE, 100 trials, a SQLite file under studies/, the shipped policy as baseline."""
+    """Defaults: geomean objective, seeded TPE, 100 trials, a SQLite file under studies/, the shipped policy as
+    baseline."""
     spec = load_spec(write(tmp_path, GOOD))
     assert spec.objectives == ("geomean_speedup",)
     assert (spec.sampler, spec.seed, spec.n_trials) == ("tpe", 0, 100)
@@ -76,7 +78,8 @@ def test_a_range_value_of_the_wrong_type_is_refused(tmp_path):
 
 def test_a_text_parameter_needs_choices_and_choices_are_checked(tmp_path):
     """probation takes choices only, and only its allowed values."""
-    assert "needs choices" in error_of(tmp_path, GOOD.replace("{choices: [whole_narrow, any_token]}", "{low: 1, high: 2}"))
+    ranged = GOOD.replace("{choices: [whole_narrow, any_token]}", "{low: 1, high: 2}")
+    assert "needs choices" in error_of(tmp_path, ranged)
     message = error_of(tmp_path, GOOD.replace("any_token]", "sometimes]"))
     assert "one of whole_narrow, any_token" in message
 
@@ -108,8 +111,9 @@ def test_unknown_fixed_parameter_and_unmatched_glob(tmp_path):
 def test_cli_reports_a_bad_spec_in_one_line_with_exit_code_2(tmp_path):
     """`python -m sim.tune` prints `error: file:line: ...` and exits 2, no traceback."""
     path = write(tmp_path, GOOD.replace("max_draft: {low: 2, high: 9}", "max_draft: {low: 2, high: 12}"))
-    done = subprocess.run([sys.executable, "-m", "sim.tune", path, "--n-trials", "1"], capture_output=True, text=True,
-                          cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim.tune", path, "--n-trials", "1"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert "spec.yaml:6: search_space/max_draft goes up to 12" in done.stderr and "set high <= 9" in done.stderr

@@ -1,4 +1,4 @@
-"""`python -m sim.record` (issue 5 item 2): a recorded trace is valid format v1 with the promised header and a
+"""`python -m sim.record`: a recorded trace is valid format v1 (docs/trace-format.md) with the promised header and a
 margin per token, margins are the top-1 minus top-2 logit, a run killed mid-way leaves a `.partial` that the reader
 accepts (with a warning) as a prefix of the full run, and bad input is one `error:` line with exit code 2."""
 
@@ -14,13 +14,14 @@ import time
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import ROOT  # noqa: E402
 
+from sim.engine.trace import read_trace, write_trace  # noqa: E402
 from sim.record import main  # noqa: E402
-from sim.trace import read_trace, write_trace  # noqa: E402
 
 MODEL = ["--arch", "tiny", "--device", "cpu", "--threads", "1"]
 
@@ -48,10 +49,10 @@ def test_record_writes_a_valid_trace_with_header_and_margins(tmp_path, prompt_tr
     assert h["tokenizer"] == "gpt2" and h["eos_token_ids"] == [50256] and h["device"].startswith("cpu")
     assert set(h["versions"]) == {"python", "torch", "transformers"}
     assert h["stop"] == "max_tokens" and h["max_tokens"] == 24 and len(trace.tokens) == 24
-    from sim.tokenizer import load_gpt2
+    from sim.hardware.tokenizer import load_gpt2
 
     assert list(trace.prompt_tokens) == load_gpt2().encode(text.read_text().rstrip("\n"))
-    for token, margin, top in zip(trace.tokens, trace.margins, trace.tops):
+    for token, margin, top in zip(trace.tokens, trace.margins, trace.tops, strict=True):
         assert top[0][0] == token and len(top) == 3
         assert margin == pytest.approx(top[0][1] - top[1][1], abs=2e-5) and margin >= 0
     assert read_trace(out / "repeats.jsonl").prompt_tokens == tuple([5, 6, 7, 8] * 8)
@@ -63,23 +64,40 @@ def test_a_checkpoint_tokenizer_with_a_chat_template_encodes_the_prompt(tmp_path
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from sim.model import load_model
+    from sim.hardware.model import load_model
 
     checkpoint = tmp_path / "ckpt"
     load_model(arch="tiny", device="cpu").model.save_pretrained(checkpoint)
     vocab = {"[UNK]": 0, "<|user|>": 1, "<|assistant|>": 2, "hello": 3, "world": 4}
     words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    template = ("{% for m in messages %}<|user|> {{ m['content'] }} {% endfor %}"
-                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    template = (
+        "{% for m in messages %}<|user|> {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", chat_template=template)
     tokenizer.save_pretrained(checkpoint)
     text = tmp_path / "greet.txt"
     text.write_text("hello world\n")
     for flags, expected, chat in (([], [1, 3, 4, 2], True), (["--no-chat-template"], [3, 4], False)):
         out = tmp_path / f"out{len(flags)}"
-        assert main([str(text), "--out", str(out), "--max-tokens", "4", "--model", str(checkpoint), "--device", "cpu",
-                     *flags]) == 0, capsys.readouterr().err
+        assert (
+            main(
+                [
+                    str(text),
+                    "--out",
+                    str(out),
+                    "--max-tokens",
+                    "4",
+                    "--model",
+                    str(checkpoint),
+                    "--device",
+                    "cpu",
+                    *flags,
+                ]
+            )
+            == 0
+        ), capsys.readouterr().err
         trace = read_trace(out / "greet.jsonl")
         assert list(trace.prompt_tokens) == expected and trace.header["chat_template"] is chat
         assert trace.header["model_info"]["weights"] == "checkpoint"
@@ -102,9 +120,12 @@ def test_a_killed_recording_leaves_a_readable_partial(tmp_path, prompt_trace):
     tokens a prefix of the full run's."""
     out = tmp_path / "out"
     partial = out / "repeats.jsonl.partial"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.record", prompt_trace, "--out", str(out),
-                             "--max-tokens", "100000", *MODEL], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.record", prompt_trace, "--out", str(out), "--max-tokens", "100000", *MODEL],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -129,19 +150,39 @@ def test_a_killed_recording_leaves_a_readable_partial(tmp_path, prompt_trace):
 
 def test_missing_checkpoint_is_one_error_line_and_exit_2(tmp_path, prompt_trace):
     """`--model` naming no directory: exit 2 and one `error:` line naming it, no traceback (the real command)."""
-    done = subprocess.run([sys.executable, "-m", "sim.record", prompt_trace, "--out", str(tmp_path),
-                           "--model", "/no/such/checkpoint", "--device", "cpu"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.record",
+            prompt_trace,
+            "--out",
+            str(tmp_path),
+            "--model",
+            "/no/such/checkpoint",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr == ("error: --model /no/such/checkpoint: no such directory "
-                           "(a local Hugging Face checkpoint directory is expected)\n")
+    assert done.stderr == (
+        "error: --model /no/such/checkpoint: no such directory "
+        "(a local Hugging Face checkpoint directory is expected)\n"
+    )
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
-    (["--top", "-1"], "--top must be >= 0"),
-    (["--threads", "0"], "--threads must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+        (["--top", "-1"], "--top must be >= 0"),
+        (["--threads", "0"], "--threads must be >= 1"),
+    ],
+)
 def test_bad_settings_are_one_error_line_and_exit_2(prompt_trace, tmp_path, capsys, args, fragment):
     """A zero token cap, a negative top-k or zero threads: exit 2 and one `error:` line."""
     assert main([prompt_trace, "--out", str(tmp_path), "--arch", "tiny", "--device", "cpu", *args]) == 2

@@ -1,4 +1,4 @@
-"""The torch target drives the shared round loop (issue 5 item 1 and 4): on tiny random-weight models (float32, CPU)
+"""The torch target drives the shared round loop (docs/loop.md): on tiny random-weight models (float32, CPU)
 prompt lookup decoding under every drafting policy emits exactly plain greedy decoding's tokens while proposals do
 get verified and accepted, a recorded run replays to the very counters the real run produced, scripted tokens make
 the real model answer like the trace, and replay never imports torch."""
@@ -12,19 +12,21 @@ import sys
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import ROOT  # noqa: E402
 
-from sim.config import make_config  # noqa: E402
-from sim.des import plain_actions  # noqa: E402
-from sim.lookup import PromptLookup  # noqa: E402
-from sim.loop import READ, STEP, run  # noqa: E402
-from sim.model import ModelError, load_model  # noqa: E402
-from sim.replay import run_trace  # noqa: E402
-from sim.torch_target import TorchTarget, decode_plain  # noqa: E402
-from sim.trace import read_trace, write_trace  # noqa: E402
+from sim.engine.config import make_config  # noqa: E402
+from sim.engine.lookup import PromptLookup  # noqa: E402
+from sim.engine.loop import READ, STEP, run  # noqa: E402
+from sim.engine.replay import run_trace  # noqa: E402
+from sim.engine.timing import plain_actions  # noqa: E402
+from sim.engine.trace import read_trace, write_trace  # noqa: E402
+from sim.errors import ModelError  # noqa: E402
+from sim.hardware.model import load_model  # noqa: E402
+from sim.hardware.target import TorchTarget, decode_plain  # noqa: E402
 
 REPEATS = [5, 6, 7, 8] * 8  # a repetitive prompt: the tiny model's greedy output repeats and lookup lands
 COUNTED = ("rounds", "drafted_rounds", "paused_rounds", "proposed", "accepted", "shadow_confirmations")
@@ -58,8 +60,14 @@ class Logged(TorchTarget):
 def _loop(lm, policy: str, prompt, max_tokens: int, script=None):
     config = make_config(policy, {})
     target = Logged(lm, prompt, script=script)
-    result = run(target, config.governor(), config.loop, prompt, max_tokens,
-                 PromptLookup(config.loop.ngram_min, config.loop.ngram_max, prompt))
+    result = run(
+        target,
+        config.governor(),
+        config.loop,
+        prompt,
+        max_tokens,
+        PromptLookup(config.loop.ngram_min, config.loop.ngram_max, prompt),
+    )
     return result, target
 
 
@@ -99,7 +107,8 @@ def test_plain_decoding_pipelines_every_step_as_the_timing_model_assumes(tiny):
     target = Logged(tiny, REPEATS)
     tokens = decode_plain(target, 30)
     assert len(tokens) == 30
-    assert target.calls == plain_actions(30, stops_on_eos=False)
+    actions, _ = plain_actions(30, stopped_on_eos=False, prompt_tokens=len(REPEATS))
+    assert target.calls == actions
     assert not target.pending
 
 
@@ -145,7 +154,7 @@ def test_named_architectures_have_the_published_sizes():
     """The real-size configs build (on the meta device, no memory) with the published parameter counts."""
     from transformers import AutoModelForCausalLM
 
-    from sim.model import arch_config
+    from sim.hardware.model import arch_config
 
     expected = {"qwen3-1.7b": 1.72e9, "qwen3-8b": 8.19e9, "llama-3.1-8b": 8.03e9}
     for arch, count in expected.items():
@@ -167,7 +176,10 @@ def test_bad_model_requests_are_one_line_errors(tmp_path):
 
 
 def test_replay_never_imports_torch():
-    """Replay, tuning's engine and the confirm/record modules' tops load without torch (it is an optional extra)."""
-    code = ("import sys, sim.replay, sim.confirm, sim.record, sim.widthcost; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    """Replay, tuning's engine, the figures and the confirm/record/measure command modules' tops load without torch
+    (it is an optional extra)."""
+    code = (
+        "import sys, sim.replay, sim.tune, sim.tuning.search, sim.tuning.evaluation, sim.plot, sim.confirm, "
+        "sim.record, sim.measure; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

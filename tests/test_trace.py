@@ -1,5 +1,5 @@
-"""Trace format v1 (sim/trace.py, traces/README.md): round trips, atomic deterministic writes, and every bad input
-failing with `file:line: what was expected` on the right line."""
+"""Trace format v1 (sim/engine/trace.py, docs/trace-format.md): round trips, atomic deterministic writes, and every
+bad input failing with `file:line: what was expected` on the right line."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import sys
 import pytest
 from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl
 
-from sim.trace import TraceError, read_trace, write_trace
+from sim.engine.trace import read_trace, write_trace
+from sim.errors import TraceError
 
 TOKEN = {"type": "token", "id": 7}
 
@@ -70,7 +71,7 @@ def test_round_trip_keeps_every_column(tmp_path):
 
 
 def test_writer_puts_type_and_version_first_then_sorted_keys(tmp_path):
-    """The header line starts with type and version, then the other keys sorted, as traces/README.md says."""
+    """The header line starts with type and version, then the other keys sorted, as docs/trace-format.md says."""
     path = tmp_path / "t.jsonl"
     write_trace(path, {"stop": "eos", "prompt_tokens": [1], "name": "x"}, [4])
     first = path.read_text(encoding="utf-8").splitlines()[0]
@@ -194,13 +195,25 @@ LINE_CASES = [
     ("no token lines", jsonl(HEADER), 1, "at least one token line"),
     ("only round lines", jsonl(HEADER, {"type": "round", "width": 2}), 2, "at least one token line"),
     ("empty file", "", 1, "empty file"),
-    ("eos cap equal to tokens", jsonl({**HEADER, "max_tokens": 2}, TOKEN, TOKEN), 1,
-     "stop is eos after 2 tokens, so max_tokens must exceed that (got 2)"),
+    (
+        "eos cap equal to tokens",
+        jsonl({**HEADER, "max_tokens": 2}, TOKEN, TOKEN),
+        1,
+        "stop is eos after 2 tokens, so max_tokens must exceed that (got 2)",
+    ),
     ("eos cap below tokens", jsonl({**HEADER, "max_tokens": 1}, TOKEN, TOKEN), 1, "max_tokens must exceed"),
-    ("EOS as a token line", jsonl({**HEADER, "eos_token_ids": [9, 7]}, {"type": "token", "id": 1}, TOKEN), 3,
-     "token 7 is one of the header's eos_token_ids"),
-    ("max_tokens stop cap mismatch", jsonl({**HEADER, "stop": "max_tokens", "max_tokens": 3}, TOKEN, TOKEN), 1,
-     "stop is max_tokens but max_tokens=3 differs from the 2 token lines"),
+    (
+        "EOS as a token line",
+        jsonl({**HEADER, "eos_token_ids": [9, 7]}, {"type": "token", "id": 1}, TOKEN),
+        3,
+        "token 7 is one of the header's eos_token_ids",
+    ),
+    (
+        "max_tokens stop cap mismatch",
+        jsonl({**HEADER, "stop": "max_tokens", "max_tokens": 3}, TOKEN, TOKEN),
+        1,
+        "stop is max_tokens but max_tokens=3 differs from the 2 token lines",
+    ),
 ]
 
 
@@ -222,8 +235,8 @@ def test_missing_file(tmp_path):
 
 
 def test_a_folder_is_not_a_trace(tmp_path):
-    """A path that cannot be read as a file is a TraceError, not an OSError traceback."""
-    _expect_error(str(tmp_path), None, "cannot read")
+    """A folder given as a trace is a TraceError saying so, not an OSError traceback."""
+    _expect_error(str(tmp_path), None, "a folder, not a trace file")
 
 
 def test_valid_caps_are_accepted(trace_file):
@@ -291,7 +304,8 @@ def test_five_bundled_traces_read():
 
 def test_bundled_traces_match_their_generator():
     """`traces/make_reference.py --check` regenerates all five traces byte for byte (exit 0, nothing stale)."""
-    done = subprocess.run([sys.executable, "traces/make_reference.py", "--check"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "traces/make_reference.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "stale" not in done.stdout

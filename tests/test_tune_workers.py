@@ -19,11 +19,13 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
+from conftest import ROOT
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+pytestmark = pytest.mark.slow  # every test here runs real worker processes
+
 TUNE = [sys.executable, "-m", "sim.tune"]
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def spec_file(root: Path, name: str = "tiny") -> Path:
@@ -31,7 +33,8 @@ def spec_file(root: Path, name: str = "tiny") -> Path:
     traces = [str(ROOT / "traces" / "email.jsonl"), str(ROOT / "traces" / "edit_json.jsonl")]
     path = root / "studies" / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"""name: {name}
+    path.write_text(
+        f"""name: {name}
 policy: gated
 search_space:
   full_at: {{low: 0.5, high: 3.0}}
@@ -41,7 +44,9 @@ search_space:
 traces: {traces!r}
 profiles: [gb10-qwen3-1.7b-4bit, gb10-qwen3-8b-4bit]
 sampler: {{name: random, seed: 1}}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -68,9 +73,14 @@ def test_a_worker_killed_mid_trial_is_failed_and_its_trial_retried(tmp_path, kin
     spec = str(spec_file(tmp_path))
     storage = f"sqlite:///{tmp_path}/s.db" if kind == "sqlite" else str(tmp_path / "s.journal.log")
     common = ["--storage", storage, "--heartbeat", "1", "--no-plots"]
-    worker = subprocess.Popen([*TUNE, spec, *common, "--n-trials", "50", "--sleep-per-trial", "1.0"],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [*TUNE, spec, *common, "--n-trials", "50", "--sleep-per-trial", "1.0"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def two_done_one_running() -> bool:
             try:
                 trials = open_study("tiny", storage).get_trials(deepcopy=False)
@@ -107,8 +117,9 @@ def test_a_worker_killed_mid_trial_is_failed_and_its_trial_retried(tmp_path, kin
 def test_workers_on_one_machine_share_a_journal_and_an_exact_cap(tmp_path):
     """`--workers 2` replaces the default SQLite with the journal file beside it and adds exactly --n-trials."""
     spec = str(spec_file(tmp_path))
-    done = subprocess.run([*TUNE, spec, "--workers", "2", "--n-trials", "16", "--no-plots"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [*TUNE, spec, "--workers", "2", "--n-trials", "16", "--no-plots"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
     journal = tmp_path / "studies" / "tiny.journal.log"
     assert journal.exists() and not (tmp_path / "studies" / "tiny.db").exists()
@@ -127,6 +138,7 @@ def postgres_url() -> str:
     return url
 
 
+@pytest.mark.postgres
 def test_two_workers_on_postgresql_reach_an_exact_global_cap(tmp_path):
     """Two separate processes (as on two machines) on one PostgreSQL study with --max-trials 30: exactly trials
     0..29, each once, all complete, the baseline enqueued once. The study (and tables, if new) are dropped after."""
@@ -135,9 +147,16 @@ def test_two_workers_on_postgresql_reach_an_exact_global_cap(tmp_path):
     engine = sqlalchemy.create_engine(url)
     had_tables = bool(sqlalchemy.inspect(engine).get_table_names())
     spec = str(spec_file(tmp_path, name=name))
-    workers = [subprocess.Popen([*TUNE, spec, "--storage", url, "--max-trials", "30", "--no-plots",
-                                 "--out", str(tmp_path / f"out{i}")], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True) for i in range(2)]
+    workers = [
+        subprocess.Popen(
+            [*TUNE, spec, "--storage", url, "--max-trials", "30", "--no-plots", "--out", str(tmp_path / f"out{i}")],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     try:
         errors = [worker.communicate(timeout=240)[1] for worker in workers]
         assert [w.returncode for w in workers] == [0, 0], errors

@@ -52,7 +52,8 @@ def _sim():
     """Import the project's modules, also when run as a script from the repository root."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from sim import tokenizer, trace
+    from sim.engine import trace
+    from sim.hardware import tokenizer
 
     return tokenizer, trace
 

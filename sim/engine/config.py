@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from policies import ConfigError, Governor, build_params, policy_class
-from policies.base import fields_of
-from sim.loop import LoopParams
+from policies import Governor, policy_class
+from sim.engine.loop import LoopParams
+from sim.engine.params import build_params, fields_of
+from sim.errors import ConfigError
+from sim.io import load_yaml
 
 
 @dataclass(frozen=True)
@@ -76,18 +76,7 @@ def split_variant(text: str) -> tuple[str, dict[str, str]]:
 
 def load_config_file(path: str | Path) -> PolicyConfig:
     """A YAML file `{policy: NAME, params: {key: value, ...}}`, as `sim.tune` writes to best.yaml."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
-    except yaml.YAMLError as err:  # its str() spans several lines; the line and the problem are enough
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    raw, _ = load_yaml(path, ConfigError, "config file")
     if not isinstance(raw, dict) or "policy" not in raw:
         raise ConfigError(f"{path}: expected a mapping with 'policy' and optional 'params'")
     extra = sorted(set(raw) - {"policy", "params", "notes"})

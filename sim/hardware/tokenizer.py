@@ -6,7 +6,7 @@ The merge ranks ship with the repository in ``traces/tokenizer/gpt2.tiktoken``
 building the encoding never touches the network or tiktoken's download
 registry.
 
-    >>> from sim.tokenizer import load_gpt2
+    >>> from sim.hardware.tokenizer import load_gpt2
     >>> load_gpt2().encode("hello world")
     [31373, 995]
 """
@@ -19,6 +19,8 @@ import hashlib
 from pathlib import Path
 
 import tiktoken
+
+from sim.errors import UserError
 
 __all__ = [
     "GPT2_EOS",
@@ -37,16 +39,14 @@ GPT2_EOS = 50256
 GPT2_N_VOCAB = 50257
 
 #: The bundled rank file (one ``<base64 token bytes> <rank>`` pair per line).
-GPT2_FILE = Path(__file__).resolve().parent.parent / "traces" / "tokenizer" / "gpt2.tiktoken"
+GPT2_FILE = Path(__file__).resolve().parents[2] / "traces" / "tokenizer" / "gpt2.tiktoken"
 
 #: SHA-256 of the bundled rank file; checked on load.
 GPT2_FILE_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 #: GPT-2's pre-tokenizer: contractions, letter runs, digit runs, other
 #: symbols (each optionally led by one space), then whitespace.
-GPT2_PATTERN = (
-    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def load_ranks(path: str | Path = GPT2_FILE, sha256: str | None = GPT2_FILE_SHA256) -> dict[bytes, int]:
@@ -59,7 +59,7 @@ def load_ranks(path: str | Path = GPT2_FILE, sha256: str | None = GPT2_FILE_SHA2
     if sha256 is not None:
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha256:
-            raise ValueError(f"{path}: sha256 {digest}, expected {sha256}")
+            raise UserError(f"{path}: sha256 {digest}, expected {sha256}")
     ranks: dict[bytes, int] = {}
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -69,9 +69,9 @@ def load_ranks(path: str | Path = GPT2_FILE, sha256: str | None = GPT2_FILE_SHA2
             token = base64.b64decode(token_b64, validate=True)
             rank = int(rank_text)
         except ValueError as exc:
-            raise ValueError(f"{path}:{lineno}: expected '<base64> <rank>' ({exc})") from None
+            raise UserError(f"{path}:{lineno}: expected '<base64> <rank>' ({exc})") from None
         if token in ranks:
-            raise ValueError(f"{path}:{lineno}: duplicate token {token!r}")
+            raise UserError(f"{path}:{lineno}: duplicate token {token!r}")
         ranks[token] = rank
     return ranks
 
@@ -81,7 +81,7 @@ def load_gpt2() -> tiktoken.Encoding:
     """The GPT-2 encoding (``<|endoftext|>`` = 50256), built offline and cached."""
     ranks = load_ranks()
     if len(ranks) != GPT2_EOS or sorted(ranks.values()) != list(range(GPT2_EOS)):
-        raise ValueError(f"{GPT2_FILE}: expected ranks 0..{GPT2_EOS - 1}")
+        raise UserError(f"{GPT2_FILE}: expected ranks 0..{GPT2_EOS - 1}")
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=GPT2_PATTERN,

@@ -1,38 +1,58 @@
-"""Round-by-round records: a replay's loop log joined with the timing model's host clock (traces/README.md).
+"""Round-by-round records: a replay's loop iterations joined with the timing model's host clock.
 
-`sim/loop.py` logs every loop iteration (`keep_rounds=True`), each with the
-length of the action log after it; `sim/des.py` gives the host clock after
-every action (`keep_host_times=True`). Joined, every iteration gets a simulated
-start and end time, the cumulative tokens and time, and plain decoding's time
-at the same token count, so "where does this policy lose time?" becomes a
-column. A rounds file (`python -m sim.replay ... --rounds-out FILE.jsonl`)
-holds, per run, the replay row as a `run` line and then that run's `round`
-lines; `read_rounds` reads it back.
+The loop keeps every iteration (`keep_iterations=True`), each with the length
+of the action log after it; the timing model gives the host clock after every
+action (`keep_host_times=True`). Joined, every iteration gets a simulated start
+and end time, the cumulative tokens and time, and plain decoding's time at the
+same token count, so "where does this policy lose time?" becomes a column. A
+rounds file (`python -m sim.replay ... --rounds-out FILE.jsonl`) holds, per run,
+the replay row as a `run` line and then that run's `round` lines
+(docs/trace-format.md); `read_rounds` reads it back.
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from sim.costs import CostProfile
-from sim.des import Timing, fast_time, plain_actions, simulate
-from sim.loop import READ, STEP, LoopResult
-
+from sim.engine.config import PolicyConfig
+from sim.engine.costs import CostProfile
+from sim.engine.loop import COUNTER_NAMES, READ, STEP, LoopResult
+from sim.engine.replay import DEFAULT_RISK_MARGIN, ReplayRow, replay_run
+from sim.engine.timing import NO_JITTER, Jitter, RunTiming, Timing, TimingModel, simpy_timing
+from sim.engine.trace import Trace
+from sim.errors import RoundsError
 
 # What sim.plot and the notebooks read from each line; a line without one of these is not from --rounds-out.
-RUN_KEYS = ("trace", "policy", "profile", "generated_tokens", "rounds", "drafted_rounds", "paused_rounds", "proposed",
-            "accepted", "shadow_confirmations", "time_ms", "plain_time_ms", "speedup")
-ROUND_KEYS = ("index", "kind", "actions", "round", "drafted", "width", "budget", "proposal_len", "accepted", "emitted",
-              "first_token", "paused", "probe_made", "probe_settled", "shadow_confirmed", "governor", "start_ms",
-              "end_ms", "tokens", "plain_ms", "ahead_ms", "gain_ms")
-
-
-class RoundsError(ValueError):
-    """A rounds file that cannot be read; the message is `file:line: what was expected`."""
+RUN_KEYS = ("trace", "policy", "profile", "generated_tokens", *COUNTER_NAMES[1:], "time_ms", "plain_time_ms", "speedup")
+ROUND_KEYS = (
+    "index",
+    "kind",
+    "actions",
+    "round",
+    "drafted",
+    "width",
+    "budget",
+    "proposal_len",
+    "accepted",
+    "emitted",
+    "first_token",
+    "paused",
+    "probe_made",
+    "probe_settled",
+    "shadow_confirmed",
+    "governor",
+    "start_ms",
+    "end_ms",
+    "tokens",
+    "plain_ms",
+    "ahead_ms",
+    "gain_ms",
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +64,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        return self.row.get("label") or self.row["policy"]
+        return str(self.row.get("label") or self.row["policy"])
 
 
 def _kind(action: int) -> str:
@@ -58,73 +78,79 @@ def _kind(action: int) -> str:
 def plain_token_times(timing: Timing, actions: Sequence[int]) -> list[float]:
     """Plain decoding's host clock when it had emitted n tokens, at index n-1 (prefill emits token 1)."""
     times = [timing.prefill_ms]
-    times += [t for action, t in zip(actions, timing.host_ms) if action == READ]
+    times += [t for action, t in zip(actions, timing.host_ms, strict=False) if action == READ]
     return times
 
 
-def round_records(result: LoopResult, timing: Timing, plain: Timing, plain_acts: Sequence[int]) -> list[dict[str, Any]]:
-    """One record per loop iteration of `result` (run with keep_rounds), timed by `timing` (with host times).
+def round_records(result: LoopResult, timed: RunTiming) -> list[dict[str, Any]]:
+    """One record per loop iteration of `result` (run with keep_iterations), timed by `timed` (with host times).
 
-    `plain` and `plain_acts` are plain decoding's timing (with host times) and action log for the same tokens.
     The last record's `plain_ms` is plain decoding's total (its read of EOS included, when the run stopped on
     one), so the last `ahead_ms` is exactly plain time minus policy time.
     """
-    if result.rounds_log is None:
-        raise ValueError("round_records needs a LoopResult from run(..., keep_rounds=True)")
+    if result.iterations is None:
+        raise ValueError("round_records needs a LoopResult from run(..., keep_iterations=True)")
+    timing = timed.timing
     if len(timing.host_ms) != len(result.actions):
-        raise ValueError("round_records needs a Timing from keep_host_times=True over the same action log")
-    plain_times = plain_token_times(plain, plain_acts)
+        raise ValueError("round_records needs a RunTiming from keep_host_times=True over the same action log")
+    plain_times = plain_token_times(timed.plain, timed.plain_actions)
     records: list[dict[str, Any]] = []
     begin = 0  # first action of the current iteration
     clock = timing.prefill_ms
     tokens = 1  # prefill emitted the first token
     ahead = 0.0
-    last = len(result.rounds_log) - 1
-    for index, entry in enumerate(result.rounds_log):
-        end = entry["actions_end"]
+    last = len(result.iterations) - 1
+    for index, it in enumerate(result.iterations):
+        end = it.actions_end
         acts = result.actions[begin:end]
-        tokens += entry["emitted"]
+        tokens += it.emitted
         end_ms = timing.host_ms[end - 1]
-        plain_ms = plain.total_ms if index == last else plain_times[tokens - 1]
-        drafted = acts[0] >= 1 and entry["proposal_len"] > 0
-        records.append({
-            "index": index,
-            "kind": _kind(acts[0]),
-            "actions": list(acts),
-            "round": acts[0] != READ,  # a forward: what mlxcel counts in rounds=
-            "drafted": drafted,
-            "width": entry["width"],
-            "budget": entry["budget"],
-            "proposal_len": entry["proposal_len"],
-            "accepted": entry["accepted"],
-            "emitted": entry["emitted"],
-            "first_token": tokens - entry["emitted"],  # reply index (0-based) of the first token emitted here
-            "paused": entry["paused"],
-            "probe_made": entry["probe_made"],
-            "probe_settled": entry["probe_settled"],
-            "shadow_confirmed": entry["shadow_confirmed"],
-            "governor": entry["governor"],
-            "start_ms": clock,
-            "end_ms": end_ms,
-            "tokens": tokens,
-            "plain_ms": plain_ms,
-            "ahead_ms": plain_ms - end_ms,
-            "gain_ms": (plain_ms - end_ms) - ahead,
-        })
+        plain_ms = timed.plain_ms if index == last else plain_times[tokens - 1]
+        records.append(
+            {
+                "index": index,
+                "kind": _kind(acts[0]),
+                "actions": list(acts),
+                "round": acts[0] != READ,  # a forward: what mlxcel counts in rounds=
+                "drafted": acts[0] >= 1 and it.proposal_len > 0,
+                "width": it.width,
+                "budget": it.budget,
+                "proposal_len": it.proposal_len,
+                "accepted": it.accepted,
+                "emitted": it.emitted,
+                "first_token": tokens - it.emitted,  # reply index (0-based) of the first token emitted here
+                "paused": it.paused,
+                "probe_made": it.probe_made,
+                "probe_settled": it.probe_settled,
+                "shadow_confirmed": it.shadow_confirmed,
+                "governor": it.governor,
+                "start_ms": clock,
+                "end_ms": end_ms,
+                "tokens": tokens,
+                "plain_ms": plain_ms,
+                "ahead_ms": plain_ms - end_ms,
+                "gain_ms": (plain_ms - end_ms) - ahead,
+            }
+        )
         begin, clock, ahead = end, end_ms, plain_ms - end_ms
     if begin != len(result.actions):
-        raise ValueError(f"the round log covers {begin} of {len(result.actions)} actions")
+        raise ValueError(f"the iterations cover {begin} of {len(result.actions)} actions")
     return records
 
 
-def timed_rounds(result: LoopResult, profile: CostProfile, prompt_tokens: int, stopped_on_eos: bool,
-                 jitter: float = 0.0, seed: int = 0, fast: bool = False) -> list[dict[str, Any]]:
-    """Round records of a loop run (keep_rounds), timed like `sim.replay.replay` times it: same model, same noise."""
-    timer = fast_time if fast else simulate
-    timing = timer(result.actions, profile, prompt_tokens, jitter, seed, keep_host_times=True)
-    plain_acts = plain_actions(result.counters.generated, stopped_on_eos)
-    plain = timer(plain_acts, profile, prompt_tokens, jitter, seed, keep_host_times=True)
-    return round_records(result, timing, plain, plain_acts)
+def replay_rounds(
+    trace: Trace,
+    config: PolicyConfig,
+    profile: CostProfile,
+    max_tokens: int | None = None,
+    jitter: Jitter = NO_JITTER,
+    model: TimingModel = simpy_timing,
+    risk_margin: float = DEFAULT_RISK_MARGIN,
+    label: str | None = None,
+) -> tuple[ReplayRow, Run]:
+    """A replay row and its round records, from one loop run timed once."""
+    row, result, timed = replay_run(trace, config, profile, max_tokens, jitter, model, risk_margin, label, True)
+    return row, Run(row.as_dict(), round_records(result, timed))
 
 
 # ---------------------------------------------------------------- rounds files
@@ -156,7 +182,8 @@ def read_rounds(path: str | Path) -> list[Run]:
         except json.JSONDecodeError as err:
             raise RoundsError(f"{where}: not a JSON object ({err.msg})") from None
         kind = obj.get("type") if isinstance(obj, dict) else None
-        missing = [k for k in {"run": RUN_KEYS, "round": ROUND_KEYS}.get(kind, ()) if k not in obj]
+        required = {"run": RUN_KEYS, "round": ROUND_KEYS}.get(kind, ()) if isinstance(kind, str) else ()
+        missing = [k for k in required if k not in obj]
         if missing:
             raise RoundsError(f"{where}: {kind} line lacks {', '.join(missing)}")
         if kind == "run":
@@ -224,12 +251,17 @@ def reply_html(rounds: Sequence[dict[str, Any]], tokens: Sequence[int], decode: 
     """
     roles = token_roles(rounds, len(tokens))
     parts = []
-    for position, (token, (role, record)) in enumerate(zip(tokens, roles)):
+    for position, (token, (role, record)) in enumerate(zip(tokens, roles, strict=False)):
         text = html.escape(decode([token])).replace("\n", "&#8629;<br>")
-        tip = f"token {position}: prefill" if record is None else (
-            f"token {position}: round {record['index']} {record['kind']} width {record['width']}, "
-            f"accepted {record['accepted']}/{record['proposal_len']}, "
-            f"{record['end_ms'] - record['start_ms']:.1f} ms, {record['gain_ms']:+.1f} ms vs plain")
+        tip = (
+            f"token {position}: prefill"
+            if record is None
+            else (
+                f"token {position}: round {record['index']} {record['kind']} width {record['width']}, "
+                f"accepted {record['accepted']}/{record['proposal_len']}, "
+                f"{record['end_ms'] - record['start_ms']:.1f} ms, {record['gain_ms']:+.1f} ms vs plain"
+            )
+        )
         colour = ROLE_STYLE[role][0]
         parts.append(f'<span title="{html.escape(tip)}" style="background:{colour}">{text}</span>')
         last_of_round = record is not None and position == record["first_token"] + record["emitted"] - 1
@@ -238,7 +270,10 @@ def reply_html(rounds: Sequence[dict[str, Any]], tokens: Sequence[int], decode: 
             parts.append(f'<sup style="color:#c0392b" title="{rejected} proposal token(s) rejected">✗{rejected}</sup>')
     legend = " ".join(
         f'<span style="background:{colour};border:1px solid #999;padding:0 4px">{html.escape(text)}</span>'
-        for colour, text in ROLE_STYLE.values())
+        for colour, text in ROLE_STYLE.values()
+    )
     legend += ' <sup style="color:#c0392b">✗n</sup> n proposal tokens rejected at the end of a drafted round'
-    return (f'<div style="font-family:monospace;line-height:1.8;white-space:normal">{"".join(parts)}</div>'
-            f'<div style="font-size:85%;margin-top:6px;line-height:2">{legend}</div>')
+    return (
+        f'<div style="font-family:monospace;line-height:1.8;white-space:normal">{"".join(parts)}</div>'
+        f'<div style="font-size:85%;margin-top:6px;line-height:2">{legend}</div>'
+    )

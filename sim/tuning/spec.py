@@ -20,11 +20,13 @@ from typing import Any
 
 import yaml
 
-from policies import ConfigError, policy_class
-from policies.base import coerce, field_type, fields_of
-from sim.config import PolicyConfig, make_config
-from sim.costs import bundled_profiles
-from sim.loop import LoopParams
+from policies import policy_class
+from sim.engine.config import PolicyConfig, make_config
+from sim.engine.costs import bundled_profiles
+from sim.engine.loop import LoopParams
+from sim.engine.params import coerce, fields_of, value_type
+from sim.errors import ConfigError, StudyError
+from sim.io import decode_text, parse_yaml, read_bytes
 
 OBJECTIVES = {
     "geomean_speedup": "geometric mean of the speedup over every trace x profile row",
@@ -51,10 +53,6 @@ KEYS = {
     "notes": "free text",
 }
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
-
-
-class StudyError(ValueError):
-    """A spec that cannot be used; the message names the file, the line and what was expected."""
 
 
 @dataclass(frozen=True)
@@ -166,18 +164,11 @@ class _Reader:
         return raw
 
 
-def _kind_of(cls: type, name: str) -> type:
-    """A field's type, Optional unwrapped (graded's start_average: float | None -> float)."""
-    kind = field_type(cls, name)
-    args = typing.get_args(kind)
-    return next(a for a in args if a is not type(None)) if type(None) in args else kind
-
-
 def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dimension:
     where = ("search_space", name)
     r.check_keys(raw, DIMENSION_KEYS, *where)
     cls = owners[name]
-    kind = _kind_of(cls, name)
+    kind = value_type(cls, name)
     try:
         if "choices" in raw:
             if set(raw) != {"choices"} or not isinstance(raw["choices"], list) or not raw["choices"]:
@@ -187,7 +178,9 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
             raise r.fail(f"search_space/{name}: a {kind.__name__} parameter needs choices: [...]", *where)
         for bound in ("low", "high"):
             if bound not in raw:
-                raise r.fail(f"search_space/{name}: missing {bound!r} (a {kind.__name__} range needs low and high)", *where)
+                raise r.fail(
+                    f"search_space/{name}: missing {bound!r} (a {kind.__name__} range needs low and high)", *where
+                )
         low, high = coerce(cls, name, raw["low"]), coerce(cls, name, raw["high"])
         step = coerce(cls, name, raw["step"]) if raw.get("step") is not None else None
     except ConfigError as err:
@@ -210,8 +203,10 @@ def _profiles(r: _Reader, raw: Any) -> tuple[str, ...]:
         if any(ch in item for ch in "*?["):
             matches = fnmatch.filter(bundled_profiles(), item)
             if not matches:
-                raise r.fail(f"profiles: {item!r} matches no bundled profile; bundled: {', '.join(bundled_profiles())}",
-                             "profiles")
+                raise r.fail(
+                    f"profiles: {item!r} matches no bundled profile; bundled: {', '.join(bundled_profiles())}",
+                    "profiles",
+                )
             found += matches
         else:
             found.append(item)
@@ -225,7 +220,9 @@ def _traces(r: _Reader, raw: Any) -> tuple[str, ...]:
     for pattern in raw:
         matches = sorted(glob.glob(pattern))
         if not matches:
-            raise r.fail(f"traces: {pattern!r} matches no file (globs are relative to the directory you run in)", "traces")
+            raise r.fail(
+                f"traces: {pattern!r} matches no file (globs are relative to the directory you run in)", "traces"
+            )
         found += matches
     return tuple(sorted(set(found)))
 
@@ -238,11 +235,17 @@ def _objectives(r: _Reader, raw: dict) -> tuple[str, ...]:
         raise r.fail("objectives must be a list of distinct objective names", "objectives")
     for name in names:
         if name not in OBJECTIVES:
-            raise r.fail(f"unknown objective {name!r}; allowed: {', '.join(OBJECTIVES)}",
-                         "objectives" if "objectives" in raw else "objective")
+            raise r.fail(
+                f"unknown objective {name!r}; allowed: {', '.join(OBJECTIVES)}",
+                "objectives" if "objectives" in raw else "objective",
+            )
     return tuple(names)
 
 
+@typing.overload
+def _number(r: _Reader, value: Any, what: str, *key: str, integer: typing.Literal[True]) -> int: ...
+@typing.overload
+def _number(r: _Reader, value: Any, what: str, *key: str, integer: bool = False) -> float | int: ...
 def _number(r: _Reader, value: Any, what: str, *key: str, integer: bool = False) -> float | int:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok:
@@ -252,20 +255,10 @@ def _number(r: _Reader, value: Any, what: str, *key: str, integer: bool = False)
 
 def load_spec(path: str | Path) -> StudySpec:
     path = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError:
-        raise StudyError(f"{path}: no such study spec") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise StudyError(f"{path}: not UTF-8 text") from None
+    data = read_bytes(path, StudyError, "study spec")
+    text = decode_text(data, path, StudyError)
     r = _Reader(path, text)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise StudyError(f"{path}:{mark.line + 1 if mark else '?'}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    raw = parse_yaml(text, path, StudyError)
     r.check_keys(raw, KEYS)
     for key in ("name", "policy", "traces", "profiles"):
         if key not in raw:
@@ -318,9 +311,22 @@ def load_spec(path: str | Path) -> StudySpec:
         raise r.fail(f"storage must be a URL or a journal file path, got {storage!r}", "storage")
 
     spec = StudySpec(
-        name=name, policy=cls.name, search_space=space, fixed=fixed, traces=_traces(r, raw["traces"]),
-        profiles=_profiles(r, raw["profiles"]), objectives=objectives, constraints=constraints, baseline=baseline,
-        sampler=sampler, seed=seed, n_trials=n_trials, timeout=timeout, storage=storage, path=path, text=text,
+        name=name,
+        policy=cls.name,
+        search_space=space,
+        fixed=fixed,
+        traces=_traces(r, raw["traces"]),
+        profiles=_profiles(r, raw["profiles"]),
+        objectives=objectives,
+        constraints=constraints,
+        baseline=baseline,
+        sampler=sampler,
+        seed=seed,
+        n_trials=n_trials,
+        timeout=timeout,
+        storage=storage,
+        path=path,
+        text=text,
         sha256=hashlib.sha256(data).hexdigest(),
     )
     _check_baseline_in_space(r, spec)
@@ -334,17 +340,28 @@ def _check_baseline_in_space(r: _Reader, spec: StudySpec) -> None:
     settings = spec.baseline.settings()
     for dim in spec.search_space:
         if not dim.contains(settings[dim.name]):
-            raise r.fail(f"search_space/{dim.name}: the baseline's value {settings[dim.name]!r} lies outside "
-                         f"{dim.describe()}; widen the range so the baseline can be trial 0", "search_space", dim.name)
+            raise r.fail(
+                f"search_space/{dim.name}: the baseline's value {settings[dim.name]!r} lies outside "
+                f"{dim.describe()}; widen the range so the baseline can be trial 0",
+                "search_space",
+                dim.name,
+            )
 
 
 def check_widths(spec: StudySpec, widest: float) -> None:
     """Refuse a max_draft range that needs a verify width some profile cannot price (`widest`)."""
     for dim in spec.search_space:
-        if dim.name == "max_draft" and dim.kind != "categorical" and dim.high + 1 > widest:
+        if dim.name != "max_draft" or dim.kind == "categorical":
+            continue
+        high = dim.high
+        assert high is not None  # _dimension, the only maker of Dimensions, gives every int/float range a high
+        if high + 1 > widest:
             raise _Reader(spec.path, spec.text).fail(
-                f"search_space/max_draft goes up to {dim.high}, a verify of width {dim.high + 1}; the profiles "
-                f"price widths up to {int(widest)}: set high <= {int(widest) - 1}", "search_space", "max_draft")
+                f"search_space/max_draft goes up to {high}, a verify of width {high + 1}; the profiles "
+                f"price widths up to {int(widest)}: set high <= {int(widest) - 1}",
+                "search_space",
+                "max_draft",
+            )
 
 
 def baseline_params(spec: StudySpec) -> dict[str, Any] | None:

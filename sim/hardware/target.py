@@ -1,6 +1,6 @@
-"""A real model as the round loop's target (`sim.loop.Target`), and plain greedy decoding on it.
+"""A real model as the round loop's target (`sim.engine.loop.Target`), and plain greedy decoding on it.
 
-The same `sim.loop.run` that replays traces drives this target, so a policy
+The same `sim.engine.loop.run` that replays traces drives this target, so a policy
 confirmed on hardware is byte-for-byte the policy tuned in simulation.
 
 Pipelining. On CUDA `submit` queues a one-token forward whose input is the
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import inspect
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from transformers import DynamicCache
 
-from sim.model import LoadedModel
+from sim.hardware.model import LoadedModel
 
 
 @dataclass
@@ -44,10 +44,16 @@ class _Step:
 
 
 class TorchTarget:
-    """`sim.loop.Target` over a transformers causal LM with a `DynamicCache` (one sequence, greedy)."""
+    """`sim.engine.loop.Target` over a transformers causal LM with a `DynamicCache` (one sequence, greedy)."""
 
-    def __init__(self, lm: LoadedModel, prompt: Sequence[int], script: Sequence[int] | None = None,
-                 script_stops_on_eos: bool = True, keep_top: int = 0):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        prompt: Sequence[int],
+        script: Sequence[int] | None = None,
+        script_stops_on_eos: bool = True,
+        keep_top: int = 0,
+    ):
         if not prompt:
             raise ValueError("a prompt needs at least one token")
         self.model = lm.model
@@ -58,8 +64,11 @@ class TorchTarget:
         self.script = list(script) if script is not None else None
         self.script_stops_on_eos = script_stops_on_eos
         # Script tokens live on the device so a pipelined step's input is a view, never a host copy.
-        self.script_device = (torch.tensor(self.script, dtype=torch.long, device=self.device).view(-1, 1)
-                              if self.script is not None else None)
+        self.script_device = (
+            torch.tensor(self.script, dtype=torch.long, device=self.device).view(-1, 1)
+            if self.script is not None
+            else None
+        )
         self.keep_top = max(keep_top, 2) if keep_top else 0  # margins need the top two
         self.cache = DynamicCache(config=self.model.config)
         # transformers 5.24 renamed the forward's `past_key_values` to `cache`; older 5.x (e.g. a GPU image's) lack it.
@@ -70,7 +79,7 @@ class TorchTarget:
         self.next_input: torch.Tensor | None = None  # newest token as a (1, 1) device tensor
         self.pending: deque[_Step] = deque()
         self.last_outputs: list[int] = []
-        self.tops: list[list[list[float]] | None] = []  # per emitted token through prefill/read: [[id, logit], ...]
+        self.tops: list[list[list[float]]] = []  # per emitted token through prefill/read: [[id, logit], ...]
 
     # ------------------------------------------------------------- the Target protocol
 
@@ -94,8 +103,8 @@ class TorchTarget:
         step = _Step(self.position)
         self.position += 1
         if self.cuda:
-            self._run(step)
-            step.host = _to_host(step.token.view(1))
+            token = self._run(step)
+            step.host = _to_host(token.view(1))
             if step.top is not None:
                 step.top = _to_host(step.top)
             step.done = torch.cuda.Event()
@@ -106,14 +115,15 @@ class TorchTarget:
     @torch.inference_mode()
     def read(self) -> int:
         step = self.pending.popleft()
-        if step.token is None:
-            self._run(step)  # CPU: the forward runs now
+        token = step.token if step.token is not None else self._run(step)  # CPU: the forward runs now
         if step.done is not None:
             step.done.synchronize()  # this step's copy only; the next step keeps running
+            assert step.host is not None  # submit() sets host together with done (CUDA)
             value = int(step.host[0])
         else:
-            value = int(step.token.item())
+            value = int(token.item())
         if self.keep_top:
+            assert step.top is not None  # _run() keeps a top-k for every step while keep_top is set
             self.tops.append(_top_pairs(step.top))
         answer = self._answer(step.index, value)
         if not self.pending:
@@ -172,16 +182,20 @@ class TorchTarget:
     def _forward(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         return self.model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self.cache_keyword: self.cache}).logits
 
-    def _run(self, step: _Step) -> None:
-        """Queue (CUDA) or run (CPU) the forward of one step from the newest token."""
+    def _run(self, step: _Step) -> torch.Tensor:
+        """Queue (CUDA) or run (CPU) the forward of one step from the newest token; returns the step's token."""
+        if self.next_input is None:
+            raise RuntimeError(f"step {step.index}: no newest token to run its forward from (rollback() in flight?)")
         logits = self._forward(self.next_input, keep=1)[:, -1]
-        step.token = logits.argmax(-1, keepdim=True)
+        token = logits.argmax(-1, keepdim=True)
+        step.token = token
         if self.keep_top:
             step.top = _topk(logits, self.keep_top)
-        if self.script_device is not None and step.index < len(self.script):
+        if self.script is not None and self.script_device is not None and step.index < len(self.script):
             self.next_input = self.script_device[step.index].view(1, 1)  # forced: the script's token feeds on
         else:
-            self.next_input = step.token
+            self.next_input = token
+        return token
 
     def _answer(self, index: int, value: int) -> int:
         """The model's token, or the script's at this position."""
@@ -208,11 +222,12 @@ def _topk(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def _top_pairs(top: torch.Tensor) -> list[list[float]]:
     ids, values = top.tolist()
-    return [[int(i), float(v)] for i, v in zip(ids, values)]
+    return [[int(i), float(v)] for i, v in zip(ids, values, strict=True)]
 
 
-def decode_plain(target: TorchTarget, max_tokens: int | None,
-                 on_token: Callable[[int, int], None] | None = None) -> list[int]:
+def decode_plain(
+    target: TorchTarget, max_tokens: int | None, on_token: Callable[[int, int], None] | None = None
+) -> list[int]:
     """mlxcel's plain decoding: every step submitted before the previous one is read. Returns emitted tokens.
 
     `on_token(index, token)` is called as each token lands (sim.record streams them to disk).

@@ -1,10 +1,13 @@
-"""Cost profiles: what each verify width costs one model on one machine (DESIGN §6).
+"""Cost profiles: what each verify width costs one model on one machine (docs/profiles.md, docs/timing.md).
 
 A profile holds `P`, the time of one pipelined one-token step, and `S(w)`, the
 time of a synchronous forward of width w including reading its result on the
 host, for w = 1..W, in milliseconds. Derived:
   host gap     g    = S(1) - P      (read, sample, look up, build the next step)
   device time  d(w) = S(w) - g      (so d(1) = P)
+A profile is the timing model's cost function (`sim.engine.timing.ForwardCosts`):
+these profiles were measured at one context length, so they charge a forward the
+same at every context length.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from sim.errors import ProfileError
+from sim.io import load_yaml
 
-BUNDLED = Path(__file__).resolve().parent.parent / "traces" / "profiles"
+BUNDLED = Path(__file__).resolve().parents[2] / "traces" / "profiles"
 DEFAULT_PROFILE = "gb10-qwen3-8b-4bit"
 EXTENDS = ("error", "flat")
 KEYS = {
@@ -35,10 +39,6 @@ KEYS = {
 PREFILL_KEYS = ("fixed_ms", "per_prompt_token_ms", "source")
 
 
-class ProfileError(ValueError):
-    """A profile that cannot be found or is not valid; the message names the file and the problem."""
-
-
 @dataclass(frozen=True)
 class CostProfile:
     name: str
@@ -49,16 +49,23 @@ class CostProfile:
     prefill_per_token_ms: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     sha256: str = ""
+    # d(w) for w = 1..W, derived once: the timing model asks for one per forward, millions per study.
+    _device: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
+    _gap: float = field(init=False, repr=False, compare=False, default=0.0)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.sync_ms:
-            raise ValueError("sync_ms needs at least width 1")
+            raise ProfileError("sync_ms needs at least width 1")
         if self.host_gap < 0:
-            raise ValueError(
+            raise ProfileError(
                 f"S(1)={self.sync_ms[0]} ms is below P={self.pipelined_ms} ms: the host gap S(1)-P would be negative"
             )
-        if self.pipelined_ms <= 0 or any(self.sync_ms[w - 1] - self.host_gap <= 0 for w in range(1, self.max_width + 1)):
-            raise ValueError("every device time d(w) = S(w) - (S(1) - P) must be positive")
+        if self.pipelined_ms <= 0 or any(
+            self.sync_ms[w - 1] - self.host_gap <= 0 for w in range(1, self.max_width + 1)
+        ):
+            raise ProfileError("every device time d(w) = S(w) - (S(1) - P) must be positive")
+        object.__setattr__(self, "_device", tuple(s - self.host_gap for s in self.sync_ms))  # frozen: set once
+        object.__setattr__(self, "_gap", self.host_gap)
 
     @property
     def max_width(self) -> int:
@@ -81,9 +88,21 @@ class CostProfile:
             width = self.max_width
         return self.sync_ms[width - 1]
 
-    def device(self, width: int) -> float:
+    @property
+    def widest(self) -> float:
+        """The widest verify this profile can price (inf when it extends flat)."""
+        return math.inf if self.extend == "flat" else self.max_width
+
+    # The timing model's cost function (sim.engine.timing.ForwardCosts); `context` is ignored, see above.
+
+    def device_ms(self, width: int, context: int) -> float:
         """d(w) = S(w) - g: what the device spends on a forward of width w."""
-        return self.sync(width) - self.host_gap
+        if 0 < width <= len(self._device):
+            return self._device[width - 1]
+        return self.sync(width) - self.host_gap  # beyond W: flat, or the error that names the profile
+
+    def host_gap_ms(self, context: int) -> float:
+        return self._gap
 
     def prefill_ms(self, prompt_tokens: int) -> float:
         return self.prefill_fixed_ms + self.prefill_per_token_ms * prompt_tokens
@@ -94,9 +113,15 @@ class CostProfile:
 
     def as_dict(self) -> dict[str, Any]:
         """What result files record about the profile that produced them."""
-        return {"name": self.name, "sha256": self.sha256, "pipelined_ms": self.pipelined_ms,
-                "host_gap_ms": self.host_gap, "extend": self.extend,
-                "prefill_fixed_ms": self.prefill_fixed_ms, "prefill_per_token_ms": self.prefill_per_token_ms}
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "pipelined_ms": self.pipelined_ms,
+            "host_gap_ms": self.host_gap,
+            "extend": self.extend,
+            "prefill_fixed_ms": self.prefill_fixed_ms,
+            "prefill_per_token_ms": self.prefill_per_token_ms,
+        }
 
 
 def bundled_profiles() -> list[str]:
@@ -112,20 +137,15 @@ def resolve(name_or_path: str) -> Path:
     bundled = BUNDLED / f"{name_or_path}.yaml"
     if not bundled.is_file():
         raise ProfileError(
-            f"unknown profile {name_or_path!r}; bundled: {', '.join(bundled_profiles())} (or give a path to a YAML file)"
+            f"unknown profile {name_or_path!r}; bundled: {', '.join(bundled_profiles())} "
+            "(or give a path to a YAML file)"
         )
     return bundled
 
 
 def load_profile(name_or_path: str) -> CostProfile:
     path = resolve(name_or_path)
-    data = path.read_bytes()
-    try:
-        raw = yaml.safe_load(data)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ProfileError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    raw, data = load_yaml(path, ProfileError, "profile file")
     return profile_from_dict(raw, str(path), hashlib.sha256(data).hexdigest(), default_name=path.stem)
 
 
@@ -169,5 +189,5 @@ def profile_from_dict(raw: Any, where: str, sha256: str = "", default_name: str 
             meta=meta,
             sha256=sha256,
         )
-    except ValueError as err:
+    except ProfileError as err:
         raise ProfileError(f"{where}: {err}") from None

@@ -1,7 +1,7 @@
-"""`python -m sim.widthcost` and `python -m sim.confirm` (issue 5 items 3 and 5) on a tiny random-weight model: the
-profile written is one that `sim.replay --profile PATH` accepts, with provenance and a prefill cost; confirm writes
-its JSON and markdown table with measured and predicted x, counters equal to replay's and parity, for scripted and
-for model tokens; bad input is one `error:` line with exit code 2."""
+"""`python -m sim.measure` and `python -m sim.confirm` on a tiny random-weight model: the profile written is one that
+`sim.replay --profile PATH` accepts (docs/profiles.md), with provenance and a prefill cost; confirm writes its JSON and
+markdown table with measured and predicted speedups, counters equal to replay's and parity, for scripted and for
+model tokens; bad input is one `error:` line with exit code 2."""
 
 from __future__ import annotations
 
@@ -12,29 +12,43 @@ import pytest
 import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import ROOT  # noqa: E402
 
-from sim import confirm, record, replay, widthcost  # noqa: E402
-from sim.costs import load_profile, profile_from_dict  # noqa: E402
-from sim.trace import read_trace, write_trace  # noqa: E402
+from sim import confirm, record, replay  # noqa: E402
+from sim import measure as measure_cli  # noqa: E402
+from sim.engine.costs import load_profile, profile_from_dict  # noqa: E402
+from sim.engine.trace import read_trace, write_trace  # noqa: E402
 
 MODEL = ["--arch", "tiny", "--device", "cpu", "--threads", "1"]
-QUICK = ["--rounds", "3", "--warmup", "1", "--steps", "2,6", "--prompt-tokens", "48", "--prefill-lengths", "16,48",
-         "--prefill-rounds", "1"]
+QUICK = [
+    "--rounds",
+    "3",
+    "--warmup",
+    "1",
+    "--steps",
+    "2,6",
+    "--prompt-tokens",
+    "48",
+    "--prefill-lengths",
+    "16,48",
+    "--prefill-rounds",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
     """A quick tiny-model profile, measured once for this file."""
     path = tmp_path_factory.mktemp("profile") / "tiny-cpu.yaml"
-    assert widthcost.main(["--out", str(path), *QUICK, *MODEL]) == 0
+    assert measure_cli.main(["--out", str(path), *QUICK, *MODEL]) == 0
     return path
 
 
-def test_widthcost_writes_a_profile_replay_accepts(profile, capsys):
+def test_measure_writes_a_profile_replay_accepts(profile, capsys):
     """The profile holds P, S(1..8) and a prefill line, names model, machine, versions, date and command, loads as a
     cost profile, and `sim.replay --profile PATH` runs on it."""
     raw = yaml.safe_load(profile.read_text())
@@ -43,7 +57,7 @@ def test_widthcost_writes_a_profile_replay_accepts(profile, capsys):
     assert set(raw["prefill"]) == {"fixed_ms", "per_prompt_token_ms", "source"}
     assert "tiny" in raw["model"] and "float32" in raw["model"]
     assert "torch" in raw["machine"] and "transformers" in raw["machine"] and raw["date"]
-    assert "python -m sim.widthcost --out" in raw["source"]
+    assert "python -m sim.measure --out" in raw["source"]
     loaded = load_profile(str(profile))
     assert loaded.name == "tiny-cpu" and loaded.max_width == 8
     capsys.readouterr()
@@ -56,29 +70,57 @@ def test_measurements_taken_at_different_moments_pool_into_one(capsys):
     profile (the CPU benchmark spreads its profile's rounds over the confirm runs this way)."""
     import statistics
 
-    from sim.model import load_model
+    from sim.hardware.measure import measure, pool, profile_data
+    from sim.hardware.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
-    parts = [widthcost.measure(lm, prompt_tokens=32, max_width=4, rounds=2, warmup=1, steps=(2, 4),
-                               prefill_lengths=(8, 16), prefill_rounds=1, progress=False) for _ in range(2)]
-    pooled = widthcost.pool(parts)
+    parts = [
+        measure(
+            lm,
+            prompt_tokens=32,
+            max_width=4,
+            rounds=2,
+            warmup=1,
+            steps=(2, 4),
+            prefill_lengths=(8, 16),
+            prefill_rounds=1,
+            progress=False,
+        )
+        for _ in range(2)
+    ]
+    pooled = pool(parts)
     assert pooled["rounds"] == 4
     width3 = parts[0]["sync_samples_ms"]["3"] + parts[1]["sync_samples_ms"]["3"]
     steps = parts[0]["pipelined_samples_ms"] + parts[1]["pipelined_samples_ms"]
     assert pooled["sync_ms"][2] == statistics.median(width3)
     assert pooled["pipelined_ms"] == statistics.median(steps)
-    assert profile_from_dict(widthcost.profile_data(pooled, lm, "pooled", "test"), "pooled").max_width == 4
+    assert profile_from_dict(profile_data(pooled, lm, "pooled", "test"), "pooled").max_width == 4
     with pytest.raises(ValueError, match="same context length"):
-        widthcost.pool([parts[0], {**parts[1], "prompt_tokens": 64}])
+        pool([parts[0], {**parts[1], "prompt_tokens": 64}])
 
 
 def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
-    """Scripted confirm on a bundled trace: a row per arm with measured and predicted x and their error, counters
+    """Scripted confirm on a bundled trace: a row per arm with measured and predicted speedup and their error, counters
     equal to replay's, parity, and all parameters and hashes in confirm.json; the markdown table has every row."""
     out = tmp_path / "confirm"
     trace = ROOT / "traces" / "edit_json.jsonl"
-    code = confirm.main([str(trace), "--scripted", "--profile", str(profile), "--policies", "graded,gated",
-                         "--reps", "1", "--max-tokens", "60", "--out", str(out), *MODEL])
+    code = confirm.main(
+        [
+            str(trace),
+            "--scripted",
+            "--profile",
+            str(profile),
+            "--policies",
+            "graded,gated",
+            "--reps",
+            "1",
+            "--max-tokens",
+            "60",
+            "--out",
+            str(out),
+            *MODEL,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     result = json.loads((out / "confirm.json").read_text())
     assert [r["arm"] for r in result["rows"]] == ["plain", "graded", "gated"]
@@ -86,8 +128,8 @@ def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
     assert result["profile"]["sha256"] == load_profile(str(profile)).sha256
     assert result["arms"][2] == {"label": "gated", "policy": "gated", "params": result["arms"][2]["params"]}
     for row in result["rows"]:
-        assert row["parity"] and row["generated_tokens"] == 60 and row["x"] > 0 and row["predicted_x"] > 0
-        assert row["error_points"] == pytest.approx(100 * (row["x"] - row["predicted_x"]))
+        assert row["parity"] and row["generated_tokens"] == 60 and row["speedup"] > 0 and row["predicted_speedup"] > 0
+        assert row["error_points"] == pytest.approx(100 * (row["speedup"] - row["predicted_speedup"]))
     gated = result["rows"][2]
     assert gated["counters_match"] and gated["counters"]["accepted"] > 10  # edit_json copies a lot
     table = (out / "confirm.md").read_text()
@@ -102,21 +144,36 @@ def test_confirm_with_model_tokens_checks_parity_with_the_recorded_trace(profile
     write_trace(prompt, {"prompt_tokens": [5, 6, 7, 8] * 8, "stop": "max_tokens"}, [1])
     assert record.main([str(prompt), "--out", str(tmp_path / "rec"), "--max-tokens", "80", *MODEL]) == 0
     out = tmp_path / "confirm"
-    code = confirm.main([str(tmp_path / "rec" / "repeats.jsonl"), "--profile", str(profile), "--policies",
-                         "fixed,gated:full_at=1.75", "--reps", "2", "--out", str(out), *MODEL])
+    code = confirm.main(
+        [
+            str(tmp_path / "rec" / "repeats.jsonl"),
+            "--profile",
+            str(profile),
+            "--policies",
+            "fixed,gated:full_at=1.75",
+            "--reps",
+            "2",
+            "--out",
+            str(out),
+            *MODEL,
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rows = json.loads((out / "confirm.json").read_text())["rows"]
     assert [r["arm"] for r in rows] == ["plain", "fixed", "gated:full_at=1.75"]
-    assert all(r["parity"] and r["matches_trace"] and len(r["ms_all"]) == len(r["x_reps"]) == 2 for r in rows)
+    assert all(r["parity"] and r["matches_trace"] and len(r["ms_all"]) == len(r["speedup_reps"]) == 2 for r in rows)
     assert all(r["counters_match"] and r["counters"]["accepted"] > 0 for r in rows[1:])
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--policies", "gatd"], "unknown policy 'gatd'"),
-    (["--policies", "gated", "--reps", "0"], "--reps must be >= 1"),
-    (["--policies", "gated", "--max-tokens", "9999"], "--max-tokens may only shorten a trace"),
-    ([], "no arm besides plain"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--policies", "gatd"], "unknown policy 'gatd'"),
+        (["--policies", "gated", "--reps", "0"], "--reps must be >= 1"),
+        (["--policies", "gated", "--max-tokens", "9999"], "--max-tokens may only shorten a trace"),
+        ([], "no arm besides plain"),
+    ],
+)
 def test_confirm_bad_input_is_one_error_line(profile, tmp_path, capsys, args, fragment):
     """Unknown policy, zero repetitions, a longer cap than the trace's, or no arm: exit 2, one `error:` line."""
     trace = str(ROOT / "traces" / "email.jsonl")
@@ -125,11 +182,11 @@ def test_confirm_bad_input_is_one_error_line(profile, tmp_path, capsys, args, fr
     assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err
 
 
-def test_widthcost_bad_input_is_one_error_line(tmp_path, capsys):
+def test_measure_bad_input_is_one_error_line(tmp_path, capsys):
     """A malformed --steps or a single prefill length: exit 2 and one `error:` line, no profile written."""
     out = tmp_path / "p.yaml"
-    assert widthcost.main(["--out", str(out), "--steps", "8", *MODEL]) == 2
+    assert measure_cli.main(["--out", str(out), "--steps", "8", *MODEL]) == 2
     assert "--steps expects two run lengths K1,K2" in capsys.readouterr().err
-    assert widthcost.main(["--out", str(out), "--prefill-lengths", "64", *MODEL]) == 2
-    assert "at least two different prefill lengths" in capsys.readouterr().err
+    assert measure_cli.main(["--out", str(out), "--prefill-lengths", "64", *MODEL]) == 2
+    assert "--prefill-lengths needs at least two different lengths" in capsys.readouterr().err
     assert not out.exists()

@@ -1,14 +1,14 @@
 """Causal LMs for real decode runs: a local checkpoint, or a named architecture with random weights.
 
-Everything torch lives here and in `sim/torch_target.py`; `sim.record`,
-`sim.widthcost` and `sim.confirm` import them, replay and tuning never do.
+Everything torch lives in this folder (sim/hardware/); `sim.record`,
+`sim.measure` and `sim.confirm` import it, replay and tuning never do.
 
 Nothing is ever downloaded: the hub is switched off before transformers is
 imported, and checkpoints load with `local_files_only`. A named architecture is
 built from its config with seeded random weights: a forward's cost does not
 depend on the weight values, so a real-size random model measures real costs.
 Random-weight models and the bundled traces share the GPT-2 tokenizer
-(`sim/tokenizer.py`, EOS 50256), which is why every named vocabulary is >= 50257.
+(`sim/hardware/tokenizer.py`, EOS 50256), which is why every named vocabulary is >= 50257.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, whatever the caller forgot
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,7 +30,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config  # noqa: E402
 
-from sim.tokenizer import GPT2_EOS, GPT2_N_VOCAB, load_gpt2  # noqa: E402
+from sim.errors import ModelError  # noqa: E402
+from sim.hardware.tokenizer import GPT2_EOS, GPT2_N_VOCAB, load_gpt2  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # one clear line per problem, not library chatter
 transformers.logging.disable_progress_bar()
@@ -40,34 +42,94 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # (vocabulary, widths, depth, heads, RoPE); `tiny` is for tests, `mid` for CPU benchmarks.
 _QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
 ARCHS: dict[str, tuple[type, dict[str, Any]]] = {
-    "tiny": (Qwen3Config, dict(  # ~6.5M parameters, almost all of them the 50k-token embedding and head
-        vocab_size=50304, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,
-        # 5x the usual init scale: greedy output of these weights falls into repeats, so lookup proposals land
-        initializer_range=0.1, rope_parameters=_QWEN3_ROPE)),
-    "mid": (Qwen3Config, dict(  # ~29.7M parameters: CPU closed-loop benchmark
-        vocab_size=50304, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, tie_word_embeddings=False,
-        rope_parameters=_QWEN3_ROPE)),
-    "qwen3-1.7b": (Qwen3Config, dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, rope_parameters=_QWEN3_ROPE)),
-    "qwen3-8b": (Qwen3Config, dict(
-        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, rope_parameters=_QWEN3_ROPE)),
-    "llama-3.1-8b": (LlamaConfig, dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    "tiny": (
+        Qwen3Config,
+        dict(  # ~6.5M parameters, almost all of them the 50k-token embedding and head
+            vocab_size=50304,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+            # 5x the usual init scale: greedy output of these weights falls into repeats, so lookup proposals land
+            initializer_range=0.1,
+            rope_parameters=_QWEN3_ROPE,
+        ),
+    ),
+    "mid": (
+        Qwen3Config,
+        dict(  # ~29.7M parameters: CPU closed-loop benchmark
+            vocab_size=50304,
+            hidden_size=256,
+            intermediate_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+            rope_parameters=_QWEN3_ROPE,
+        ),
+    ),
+    "qwen3-1.7b": (
+        Qwen3Config,
+        dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            rope_parameters=_QWEN3_ROPE,
+        ),
+    ),
+    "qwen3-8b": (
+        Qwen3Config,
+        dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            rope_parameters=_QWEN3_ROPE,
+        ),
+    ),
+    "llama-3.1-8b": (
+        LlamaConfig,
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500_000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+    ),
 }
-
-
-class ModelError(ValueError):
-    """A model that cannot be built or loaded; the message is one line naming what was expected."""
 
 
 @dataclass
@@ -158,12 +220,16 @@ def _local_prompter(path: Path) -> Prompter | None:
         return None
 
     def chat(text: str) -> list[int]:
-        rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=True)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         return tok.encode(rendered, add_special_tokens=False)  # the template already holds the special tokens
 
-    return Prompter(str(getattr(tok, "name_or_path", path)), lambda text: tok.encode(text),
-                    chat if getattr(tok, "chat_template", None) else None)
+    return Prompter(
+        str(getattr(tok, "name_or_path", path)),
+        lambda text: tok.encode(text),
+        chat if getattr(tok, "chat_template", None) else None,
+    )
 
 
 def _eos_ids(path: Path, config) -> tuple[int, ...]:
@@ -179,8 +245,15 @@ def _eos_ids(path: Path, config) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
 
-def load_model(*, arch: str | None = None, path: str | None = None, random_weights: bool = False,
-               device: str | None = None, dtype: str | None = None, seed: int = 0) -> LoadedModel:
+def load_model(
+    *,
+    arch: str | None = None,
+    path: str | None = None,
+    random_weights: bool = False,
+    device: str | None = None,
+    dtype: str | None = None,
+    seed: int = 0,
+) -> LoadedModel:
     """A model from `arch` (random weights) or from a local checkpoint `path` (its weights, or random ones)."""
     if (arch is None) == (path is None):
         raise ModelError("give exactly one of --model PATH or --arch NAME")
@@ -190,9 +263,10 @@ def load_model(*, arch: str | None = None, path: str | None = None, random_weigh
         config = arch_config(arch)
         model = _random_model(config, dev, dt, seed)
         prompter = _gpt2_prompter(config.vocab_size)
-        eos = (GPT2_EOS,)
+        eos: tuple[int, ...] = (GPT2_EOS,)
         info = {"name": arch, "arch": arch, "weights": f"random (seed {seed})"}
     else:
+        assert path is not None  # exactly one of arch and path is given (checked above), and arch is None here
         folder = Path(path)
         if not (folder / "config.json").is_file():
             what = "no such directory" if not folder.is_dir() else "no config.json in it"
@@ -202,22 +276,30 @@ def load_model(*, arch: str | None = None, path: str | None = None, random_weigh
             if random_weights:
                 model = _random_model(config, dev, dt, seed)
             else:
-                model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, local_files_only=True).to(dev)
+                model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, local_files_only=True)
+                # transformers decorates PreTrainedModel.to with functools.wraps, and typeshed's _Wrapped is no
+                # method descriptor, so mypy takes `dev` for the unbound self.
+                model = model.to(dev)  # type: ignore[arg-type]
         except (OSError, ValueError, KeyError) as err:
             raise ModelError(f"--model {path}: cannot load ({str(err).splitlines()[0]})") from None
         prompter = _local_prompter(folder) or _gpt2_prompter(config.vocab_size)
         eos = _eos_ids(folder, config) or (GPT2_EOS,)
-        info = {"name": folder.name, "path": str(folder),
-                "weights": f"random (seed {seed})" if random_weights else "checkpoint"}
+        info = {
+            "name": folder.name,
+            "path": str(folder),
+            "weights": f"random (seed {seed})" if random_weights else "checkpoint",
+        }
     model.eval()
-    info.update({
-        "model_type": config.model_type,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "config_sha256": _config_sha256(config),
-        "dtype": str(dt).removeprefix("torch."),
-        "device": device_name(dev),
-        "attention": model.config._attn_implementation,
-    })
+    info.update(
+        {
+            "model_type": config.model_type,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "config_sha256": _config_sha256(config),
+            "dtype": str(dt).removeprefix("torch."),
+            "device": device_name(dev),
+            "attention": model.config._attn_implementation,
+        }
+    )
     return LoadedModel(model, dev, dt, eos, prompter, info)
 
 
@@ -241,25 +323,41 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-# ---------------------------------------------------------------- command line, shared by record/widthcost/confirm
+# ---------------------------------------------------------------- command line, shared by record/measure/confirm
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     source = group.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", metavar="PATH",
-                        help="local Hugging Face checkpoint directory, never downloaded (its tokenizer, else GPT-2's)")
-    source.add_argument("--arch", choices=sorted(ARCHS),
-                        help="named architecture built with random weights (tiny and mid for CPU tests and benchmarks)")
-    group.add_argument("--random-weights", action="store_true",
-                       help="with --model: build the checkpoint's architecture with random weights instead of "
-                       "loading them (--arch always uses random weights)")
+    source.add_argument(
+        "--model",
+        metavar="PATH",
+        help="local Hugging Face checkpoint directory, never downloaded (its tokenizer, else GPT-2's)",
+    )
+    source.add_argument(
+        "--arch",
+        choices=sorted(ARCHS),
+        help="named architecture built with random weights (tiny and mid for CPU tests and benchmarks)",
+    )
+    group.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="with --model: build the checkpoint's architecture with random weights instead of "
+        "loading them (--arch always uses random weights)",
+    )
     group.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when there is one)")
-    group.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                       help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)")
-    group.add_argument("--threads", type=int,
-                       help="CPU threads for torch (default: torch's choice); 1 steadies timings on a shared machine")
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    group.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: torch's choice); 1 steadies timings on a shared machine",
+    )
 
 
 def model_from_args(args: argparse.Namespace) -> LoadedModel:
@@ -267,6 +365,11 @@ def model_from_args(args: argparse.Namespace) -> LoadedModel:
         if args.threads < 1:
             raise ModelError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
-    return load_model(arch=args.arch, path=args.model, random_weights=args.random_weights,
-                      device=args.device, dtype=args.dtype, seed=args.seed)
-
+    return load_model(
+        arch=args.arch,
+        path=args.model,
+        random_weights=args.random_weights,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+    )

@@ -1,24 +1,32 @@
-"""THE round loop: mlxcel's `generate --prompt-lookup` decode loop (greedy, pipelining on), DESIGN §3.
+"""THE round loop: mlxcel's `generate --prompt-lookup` decode loop (greedy, pipelining on), docs/loop.md.
 
 One implementation drives every target: a recorded trace in replay, a real model
 on hardware. It returns mlxcel's `[Prompt lookup]` counters and an action log
-(what the host asked of the device, in order), which the simpy model in
-`sim/des.py` turns into time.
+(what the host asked of the device, in order), which the timing model
+(`sim/engine/timing.py`) turns into time.
 
 Action log encoding, one int per action, chosen so replay stays cheap:
   w >= 1  synchronous forward of width w, read on the host before going on
   STEP    one-token forward submitted without reading it (pipelined)
   READ    the host reads the oldest in-flight step's token
+Beside each action, the context length n its forward runs at: the prompt plus
+every token emitted before the forward's first output, which is what its
+attention reads (a READ carries the n of the step it reads), so a cost profile
+can charge each forward at its own context length.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
-from policies.base import Governor, param
-from sim.lookup import PromptLookup
+from policies.base import Governor
+from sim.engine.lookup import PromptLookup
+from sim.engine.params import param
+from sim.errors import ConfigError
 
 STEP = 0
 READ = -1
@@ -31,13 +39,13 @@ class LoopParams:
     ngram_max: int = param(3, "longest suffix the lookup tries first (capped at context length - 1)")
     plain_rounds_before_pipelining: int = param(2, "rounds in a row with no proposal before plain steps are pipelined")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.max_draft < 1:
-            raise ValueError(f"max_draft must be >= 1, got {self.max_draft}")
+            raise ConfigError(f"max_draft must be >= 1, got {self.max_draft}")
         if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+            raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.plain_rounds_before_pipelining < 0:
-            raise ValueError("plain_rounds_before_pipelining must be >= 0")
+            raise ConfigError("plain_rounds_before_pipelining must be >= 0")
 
 
 class Target(Protocol):
@@ -58,7 +66,7 @@ class Target(Protocol):
 
 @dataclass
 class Counters:
-    """mlxcel's `[Prompt lookup]` line."""
+    """mlxcel's `[Prompt lookup]` line; its field names are the counter names everywhere else."""
 
     generated: int = 0
     rounds: int = 0
@@ -78,25 +86,54 @@ class Counters:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            **vars(self),
+            **dataclasses.asdict(self),
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_forward": self.tokens_per_forward,
         }
+
+
+COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(Counters))
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One pass of the loop, for round-by-round records (sim/figures/rounds.py adds the time).
+
+    `actions_end` is the length of the action log after this iteration: its own
+    actions run from the previous iteration's `actions_end` up to it. The
+    iteration that reads EOS is kept too (emitted 0), so iterations cover every
+    action and every counted round.
+    """
+
+    action: int  # its first action: READ, STEP, or the width of a synchronous forward
+    actions_end: int
+    width: int  # forward width (0 when the iteration only read a token)
+    budget: int
+    proposal_len: int
+    accepted: int
+    emitted: int
+    paused: bool
+    probe_made: bool
+    probe_settled: bool
+    shadow_confirmed: bool
+    governor: dict[str, Any]  # the governor's state after the iteration
 
 
 @dataclass
 class LoopResult:
     counters: Counters
     actions: list[int]
+    contexts: list[int]  # per action, the context length its forward runs at
     tokens: list[int]  # emitted, EOS excluded
     # (index of the first token it emitted, tokens it emitted) per drafted verify: the slots a multi-token
-    # forward decided, where a near-tie may flip greedy output on hardware (DESIGN §7)
+    # forward decided, where a near-tie may flip greedy output on hardware (docs/parity-risk.md)
     drafted_spans: list[tuple[int, int]] = field(default_factory=list)
-    rounds_log: list[dict[str, Any]] | None = field(default=None, repr=False)
+    iterations: list[Iteration] | None = field(default=None, repr=False)
 
 
 def settle(probe: tuple[int, list[int]], context: Sequence[int], claims: int) -> bool | None:
-    """DESIGN §5: True once the first `claims` claims came true, False at the first that did not, None while undecided."""
+    """docs/shadow-probes.md: True once the first `claims` claims came true, False at the first that did not,
+    None while undecided."""
     start, proposal = probe
     for i, claim in enumerate(proposal[:claims]):
         if start + i >= len(context):
@@ -106,29 +143,31 @@ def settle(probe: tuple[int, list[int]], context: Sequence[int], claims: int) ->
     return True
 
 
-def run(
+def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place on purpose)
     target: Target,
     governor: Governor,
     params: LoopParams,
     prompt: Sequence[int],
     max_tokens: int | None,
     drafter: PromptLookup,
-    keep_rounds: bool = False,
+    keep_iterations: bool = False,
 ) -> LoopResult:
     """Decode until EOS or `max_tokens` (None: until EOS) under `governor`; count as mlxcel does."""
-    cap = max_tokens if max_tokens is not None else float("inf")
     c = Counters()
     actions: list[int] = []
+    contexts: list[int] = []
     drafted_spans: list[tuple[int, int]] = []
-    log: list[dict[str, Any]] | None = [] if keep_rounds else None
+    log: list[Iteration] | None = [] if keep_iterations else None
     context = list(prompt)
 
     first = target.prefill()  # prefill emits the first token; it is not a round
     if target.is_eos(first):
-        return LoopResult(c, actions, [], drafted_spans, log)
+        return LoopResult(c, actions, contexts, [], drafted_spans, log)
     context.append(first)
     emitted = 1
-    in_flight = False  # a one-token step of `current` was submitted and not yet read
+    # Without a cap the loop runs until EOS; a cap no reply can reach keeps the arithmetic in ints.
+    cap = max_tokens if max_tokens is not None else 1 << 62
+    in_flight = False  # a one-token step was submitted and not yet read
     plain_streak = 0  # rounds in a row, this one included, whose lookup proposed nothing
     probe: tuple[int, list[int]] | None = None  # pending shadow probe: (context position, claims)
 
@@ -136,7 +175,7 @@ def run(
         # 1. Settle a pending shadow probe against what has landed since.
         confirmed = None
         if probe is not None:
-            confirmed = settle(probe, context, governor.shadow_length)
+            confirmed = settle(probe, context, governor.shadow_confirm_length)
             if confirmed is not None:
                 probe = None
             if confirmed:
@@ -153,8 +192,8 @@ def run(
         probe_made = False
         if paused:
             if probe is None and governor.probes_while_paused():
-                claims = drafter.propose(context, governor.shadow_length)
-                if len(claims) == governor.shadow_length:
+                claims = drafter.propose(context, governor.shadow_confirm_length)
+                if len(claims) == governor.shadow_confirm_length:
                     probe = (len(context), claims)  # claims[i] is about the token landing at position len + i
                     probe_made = True
         else:
@@ -163,105 +202,99 @@ def run(
         # 4.
         plain_streak = plain_streak + 1 if not proposal else 0
 
-        # 5. A step is in flight: keep the pipeline full if there is nothing to verify, then read it.
+        # 5-6. Nothing to verify: keep the pipeline full when a step is in flight, after a streak of plain rounds,
+        # or while probing. A step submitted while another is in flight runs from the still-unread token.
+        pipelined = (
+            not proposal
+            and remaining > 1
+            and (in_flight or plain_streak > params.plain_rounds_before_pipelining or governor.probes_while_paused())
+        )
+        if pipelined:
+            target.submit()
+            actions.append(STEP)
+            contexts.append(len(context) + in_flight)
+            c.rounds += 1
+            c.paused_rounds += paused
+
+        # 5. A step was in flight: read it. A proposal found now was for the token before it; the next
+        # iteration looks up again and verifies synchronously.
         if in_flight:
-            kind = READ
-            if not proposal and remaining > 1:
-                target.submit()  # from the still-unread token
-                actions.append(STEP)
-                c.rounds += 1
-                c.paused_rounds += paused
-                kind = STEP
-            else:
-                in_flight = False  # a proposal found now was for the token before; the next iteration verifies
             token = target.read()
             actions.append(READ)
+            contexts.append(len(context))
+            in_flight = pipelined
             eos = target.is_eos(token)
             if not eos:
                 context.append(token)
                 emitted += 1
-            if log is not None:
-                log.append(_entry(kind, 1, budget, proposal, 0, int(not eos), paused, probe_made, confirmed, governor,
-                                  len(actions)))
-            if eos:
-                break
-            continue
+            kind = STEP if pipelined else READ
+            width = int(pipelined)  # the step submitted above, if any
+            accepted = 0
+            landed = int(not eos)
 
-        # 6. Nothing to verify after a streak of plain rounds (or while probing): pipeline a plain step.
-        if not proposal and remaining > 1 and (
-            plain_streak > params.plain_rounds_before_pipelining or governor.probes_while_paused()
-        ):
-            target.submit()
-            actions.append(STEP)
-            c.rounds += 1
-            c.paused_rounds += paused
+        # 6. The pipelined step is the whole iteration.
+        elif pipelined:
             in_flight = True
-            if log is not None:
-                log.append(_entry(STEP, 1, budget, proposal, 0, 0, paused, probe_made, confirmed, governor,
-                                  len(actions)))
-            continue
+            kind = STEP
+            width = 1
+            accepted = landed = 0
+            eos = False
 
         # 7. Verify synchronously: forward [current] + proposal and walk the slots in order.
-        outputs = target.verify(proposal)
-        actions.append(len(proposal) + 1)
-        c.rounds += 1
-        accepted = 0
-        landed = 0
-        eos = False
-        for slot, token in enumerate(outputs):
-            if target.is_eos(token):
-                eos = True
-                break
-            context.append(token)  # the target's token is emitted whether or not it matched
-            emitted += 1
-            landed += 1
-            # The round extends only while the target agrees with the proposal in the same slot.
-            if slot < len(proposal) and token == proposal[slot] and emitted < cap:
-                accepted += 1
-            else:
-                break
-        if accepted < len(proposal):
-            target.rollback(len(proposal) - accepted)  # the rejected proposal positions leave the cache
-        if proposal:
-            drafted_spans.append((emitted - landed, landed))
-            c.drafted_rounds += 1
-            c.proposed += len(proposal)
-            c.accepted += accepted
-            governor.record(accepted)
         else:
-            c.paused_rounds += paused
+            outputs = target.verify(proposal)
+            kind = width = len(proposal) + 1
+            actions.append(width)
+            contexts.append(len(context))
+            c.rounds += 1
+            accepted = 0
+            landed = 0
+            eos = False
+            for slot, token in enumerate(outputs):
+                if target.is_eos(token):
+                    eos = True
+                    break
+                context.append(token)  # the target's token is emitted whether or not it matched
+                emitted += 1
+                landed += 1
+                # The round extends only while the target agrees with the proposal in the same slot.
+                if slot < len(proposal) and token == proposal[slot] and emitted < cap:
+                    accepted += 1
+                else:
+                    break
+            if accepted < len(proposal):
+                target.rollback(len(proposal) - accepted)  # the rejected proposal positions leave the cache
+            if proposal:
+                drafted_spans.append((emitted - landed, landed))
+                c.drafted_rounds += 1
+                c.proposed += len(proposal)
+                c.accepted += accepted
+                governor.record(accepted)
+            else:
+                c.paused_rounds += paused
+
         if log is not None:
-            log.append(_entry(len(proposal) + 1, len(proposal) + 1, budget, proposal, accepted, landed, paused,
-                              probe_made, confirmed, governor, len(actions)))
+            log.append(
+                Iteration(
+                    kind,
+                    len(actions),
+                    width,
+                    budget,
+                    len(proposal),
+                    accepted,
+                    landed,
+                    paused,
+                    probe_made,
+                    confirmed is not None,
+                    bool(confirmed),
+                    governor.state(),
+                )
+            )
         if eos:
             break
 
     c.generated = emitted
-    return LoopResult(c, actions, context[len(prompt):], drafted_spans, log)
-
-
-def _entry(action: int, width: int, budget: int, proposal: list[int], accepted: int, emitted: int, paused: bool,
-           probe_made: bool, confirmed: bool | None, governor: Governor, actions_end: int) -> dict[str, Any]:
-    """One iteration of the loop, for round-by-round logs (sim/rounds.py adds the time).
-
-    `actions_end` is the length of the action log after this iteration: the iteration's own actions run from the
-    previous entry's `actions_end` up to it, which is how its host times are found. The iteration that reads EOS
-    is logged too (emitted 0), so the entries cover every action and every counted round.
-    """
-    return {
-        "action": action,
-        "actions_end": actions_end,
-        "width": width if action != READ else 0,
-        "budget": budget,
-        "proposal_len": len(proposal),
-        "accepted": accepted,
-        "emitted": emitted,
-        "paused": paused,
-        "probe_made": probe_made,
-        "probe_settled": confirmed is not None,
-        "shadow_confirmed": bool(confirmed),
-        "governor": governor.state(),
-    }
+    return LoopResult(c, actions, contexts, context[len(prompt) :], drafted_spans, log)
 
 
 class TraceTarget:

@@ -25,9 +25,10 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TextIO
 
 import optuna
 import sqlalchemy
@@ -36,6 +37,10 @@ from optuna.storages._heartbeat import BaseHeartbeat  # the ABC optuna's fail_st
 from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock  # the lock ABC JournalFileBackend takes
 from optuna.trial import TrialState
+from sqlalchemy.engine.interfaces import DBAPIConnection
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from sim.errors import StudyError
 
 MAX_RETRY = 3  # a trial that kills its worker this many times is left failed
 
@@ -44,7 +49,7 @@ def is_url(storage: str) -> bool:
     return "://" in storage
 
 
-def kind_of(storage: str) -> str:
+def storage_kind(storage: str) -> str:
     if storage.startswith("sqlite:"):
         return "sqlite"
     if storage.startswith("postgresql"):
@@ -64,7 +69,7 @@ def redacted(storage: str) -> str:
 
 def parallel_storage(storage: str) -> str:
     """For --workers N > 1: a SQLite storage becomes the journal file next to it; others stay."""
-    if kind_of(storage) != "sqlite":
+    if storage_kind(storage) != "sqlite":
         return storage
     return str(Path(sqlite_file(storage)).with_suffix("")) + ".journal.log"
 
@@ -84,7 +89,7 @@ class FlockJournalLock(BaseJournalFileLock):
 
     def __init__(self, journal: str):
         self._path = _local_lock_path(journal, "journal")
-        self._file = None
+        self._file: TextIO | None = None  # open while the lock is held
 
     def acquire(self) -> bool:
         self._file = open(self._path, "a")
@@ -92,6 +97,8 @@ class FlockJournalLock(BaseJournalFileLock):
         return True
 
     def release(self) -> None:
+        if self._file is None:
+            raise RuntimeError(f"journal lock {self._path}: release() without a matching acquire()")
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
         self._file = None
@@ -132,15 +139,19 @@ def open_storage(storage: str, heartbeat_s: int) -> optuna.storages.BaseStorage:
     grace = 2 * heartbeat_s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if kind_of(storage) == "journal":
+        if storage_kind(storage) == "journal":
             Path(storage).parent.mkdir(parents=True, exist_ok=True)
             return HeartbeatJournalStorage(storage, heartbeat_s, grace)
-        if kind_of(storage) == "sqlite":
+        if storage_kind(storage) == "sqlite":
             Path(sqlite_file(storage)).parent.mkdir(parents=True, exist_ok=True)
         with _schema_lock(storage):
-            rdb = RDBStorage(storage, heartbeat_interval=heartbeat_s, grace_period=grace,
-                             heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY))
-    if kind_of(storage) == "sqlite":
+            rdb = RDBStorage(
+                storage,
+                heartbeat_interval=heartbeat_s,
+                grace_period=grace,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+            )
+    if storage_kind(storage) == "sqlite":
         # A trial is ~17 small commits; with SQLite's default full sync each waits on the disk (~5 ms here).
         # WAL with synchronous=NORMAL survives a killed process (what heartbeats are for), not a power cut.
         sqlalchemy.event.listen(rdb.engine, "connect", _sqlite_wal)
@@ -155,7 +166,7 @@ def _lock_key(name: str) -> int:
 @contextmanager
 def _schema_lock(storage: str) -> Iterator[None]:
     """Workers starting together on a fresh PostgreSQL database would race to create optuna's tables."""
-    if kind_of(storage) != "postgresql":
+    if storage_kind(storage) != "postgresql":
         yield
         return
     engine = sqlalchemy.create_engine(storage, poolclass=sqlalchemy.pool.NullPool)
@@ -169,7 +180,7 @@ def _schema_lock(storage: str) -> Iterator[None]:
     engine.dispose()
 
 
-def _sqlite_wal(connection: object, _record: object) -> None:
+def _sqlite_wal(connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
@@ -205,7 +216,7 @@ class TrialGate:
     """
 
     def __init__(self, storage: str, study_name: str):
-        self.kind = kind_of(storage)
+        self.kind = storage_kind(storage)
         self._file = None
         self._conn = None
         if self.kind in ("journal", "sqlite"):
@@ -236,3 +247,50 @@ class TrialGate:
         if self._conn is not None:
             self._conn.close()
             self._engine.dispose()
+
+
+# ---------------------------------------------------------------- opening a stored study
+
+STORAGE_FILES = ("*.db", "*.sqlite", "*.sqlite3", "*.journal.log")  # SQLite files and optuna journal files
+
+
+def storage_in(folder: Path) -> str:
+    """The storage of a study folder: its one SQLite or journal file, inside it or next to it (FOLDER.db, as
+    sim.tune's default `sqlite:///studies/NAME.db` sits next to `studies/NAME/`), as a URL or a journal path."""
+    if not folder.is_dir():
+        raise StudyError(f"{folder}: no such study folder")
+    found = sorted(p for pattern in STORAGE_FILES for p in folder.glob(pattern))
+    found += [
+        p
+        for p in folder.parent.glob(f"{folder.name}.*")
+        if p.is_file() and any(p.match(pattern) for pattern in STORAGE_FILES)
+    ]
+    if len(found) != 1:
+        what = ", ".join(map(str, found)) if found else "none"
+        raise StudyError(
+            f"{folder}: expected exactly one study file ({', '.join(STORAGE_FILES)}) in it or next to it "
+            f"as {folder.name}.db, found {what}; pass --storage instead"
+        )
+    return str(found[0]) if found[0].name.endswith(".journal.log") else f"sqlite:///{found[0].resolve()}"
+
+
+def open_study(storage: str, name: str | None) -> optuna.Study:
+    """optuna.load_study on a storage URL or a journal file path, with one-line errors; never creates a file."""
+    where = redacted(storage)  # errors never print a database password
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        raise StudyError(f"{where}: no such SQLite file")
+    if not is_url(storage):
+        if not Path(storage).is_file():
+            raise StudyError(f"{where}: no such journal file (or give a storage URL such as sqlite:///FILE.db)")
+        opened: str | optuna.storages.BaseStorage = JournalStorage(JournalFileBackend(storage))
+    else:
+        opened = storage
+    try:
+        names = optuna.get_all_study_names(opened)
+    except Exception as err:  # any storage backend's failure to connect or read becomes one line
+        raise StudyError(f"{where}: cannot read studies ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    if name is None and len(names) != 1:
+        raise StudyError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'}); pick one with --study")
+    if name is not None and name not in names:
+        raise StudyError(f"{where} has no study {name!r}; it holds: {', '.join(names) or 'none'}")
+    return optuna.load_study(study_name=name or names[0], storage=opened)

@@ -1,4 +1,4 @@
-"""Trace format v1: read, validate, write (JSON Lines, documented in traces/README.md).
+"""Trace format v1: read, validate, write (JSON Lines, documented in docs/trace-format.md).
 
 A trace is what one greedy decode run emitted: the prompt tokens, then every
 emitted token in order, and how the run stopped. Because verification is
@@ -11,11 +11,14 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from sim.errors import TraceError
+from sim.io import read_bytes, write_atomic
 
 VERSION = 1
 STOPS = ("eos", "max_tokens")
@@ -23,10 +26,6 @@ SOURCES = ("recorded", "reference", "synthetic")
 TOKEN_KEYS = ("type", "id", "margin", "top", "ms")
 # Replay's stand-in for EOS when a trace that stopped on EOS does not name its id.
 UNNAMED_EOS = -1
-
-
-class TraceError(ValueError):
-    """A trace file is not valid trace format v1; the message is `file:line: what was expected`."""
 
 
 @dataclass(frozen=True)
@@ -116,48 +115,24 @@ def _check_token(obj: dict, where: str) -> None:
         raise _fail(where, f"'ms' must be a finite number >= 0, got {obj['ms']!r}")
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
+def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a trace; a `.partial` file (a recording cut short) keeps its complete lines."""
     path = str(path)
-    partial = path.endswith(".partial")
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such trace file") from None
-    except OSError as err:
-        raise TraceError(f"{path}: cannot read ({err.strerror})") from None
-    lines = data.split(b"\n")
-    last_complete = len(lines) - 1  # text after the final newline is an unfinished line
-    if partial:  # a recording that did not finish: usable, but the user should know
-        unfinished = f"; its unfinished line {len(lines)} is ignored" if lines[-1] else ""
-        warnings.warn(f"{path}: partial trace (the recording did not finish), complete lines used{unfinished}",
-                      stacklevel=2)
-    elif lines[-1]:
-        raise _fail(f"{path}:{len(lines)}", "truncated last line (no newline at the end of the file)")
-    header: dict | None = None
+    data = read_bytes(path, TraceError, "trace file")
+    header: dict[str, Any] | None = None
     tokens: list[int] = []
     margins: list[float | None] = []
     tops: list[Any] = []
     ms: list[float | None] = []
-    rounds: list[dict] = []
-    for number, raw in enumerate(lines[:last_complete], start=1):
+    rounds: list[dict[str, Any]] = []
+    lines = _complete_lines(path, data)
+    for number, raw in enumerate(lines, start=1):
         where = f"{path}:{number}"
-        if not raw.strip():
-            raise _fail(where, "blank line; expected one JSON object per line")
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise _fail(where, "not UTF-8") from None
-        except json.JSONDecodeError as err:
-            raise _fail(where, f"not valid JSON ({err.msg})") from None
-        if not isinstance(obj, dict):
-            raise _fail(where, "expected a JSON object")
+        obj = _json_object(raw, where)
         kind = obj.get("type")
-        if number == 1 and kind != "header":
-            raise _fail(where, 'expected the header {"type": "header", "version": 1, ...} on the first line')
-        if kind == "header":
-            if header is not None:
-                raise _fail(where, "duplicate header; only the first line may be a header")
+        if header is None:
+            if kind != "header":
+                raise _fail(where, 'expected the header {"type": "header", "version": 1, ...} on the first line')
             _check_header(obj, where)
             header = obj
         elif kind == "token":
@@ -170,17 +145,13 @@ def read_trace(path: str | os.PathLike) -> Trace:
             ms.append(obj.get("ms"))
         elif kind == "round":
             rounds.append(obj)
+        elif kind == "header":
+            raise _fail(where, "duplicate header; only the first line may be a header")
         else:
             raise _fail(where, f"unknown line type {kind!r}; expected header, token or round")
     if header is None:
         raise _fail(f"{path}:1", "empty file; expected a header line")
-    if not tokens:
-        raise _fail(f"{path}:{last_complete}", "a trace needs at least one token line")
-    cap = header.get("max_tokens")
-    if header["stop"] == "max_tokens" and cap is not None and cap != len(tokens):
-        raise _fail(f"{path}:1", f"stop is max_tokens but max_tokens={cap} differs from the {len(tokens)} token lines")
-    if header["stop"] == "eos" and cap is not None and cap <= len(tokens):
-        raise _fail(f"{path}:1", f"stop is eos after {len(tokens)} tokens, so max_tokens must exceed that (got {cap})")
+    _check_totals(path, header, len(tokens), len(lines))
     return Trace(
         path=path,
         header=header,
@@ -191,6 +162,44 @@ def read_trace(path: str | os.PathLike) -> Trace:
         tops=tuple(tops),
         ms=tuple(ms),
     )
+
+
+def _complete_lines(path: str, data: bytes) -> list[bytes]:
+    """The file's lines up to its last newline; text after it is an error, or, in a `.partial`, a warning."""
+    lines = data.split(b"\n")
+    if path.endswith(".partial"):  # a recording that did not finish: usable, but the user should know
+        unfinished = f"; its unfinished line {len(lines)} is ignored" if lines[-1] else ""
+        warnings.warn(
+            f"{path}: partial trace (the recording did not finish), complete lines used{unfinished}", stacklevel=3
+        )
+    elif lines[-1]:
+        raise _fail(f"{path}:{len(lines)}", "truncated last line (no newline at the end of the file)")
+    return lines[:-1]
+
+
+def _json_object(raw: bytes, where: str) -> dict[str, Any]:
+    if not raw.strip():
+        raise _fail(where, "blank line; expected one JSON object per line")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _fail(where, "not UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise _fail(where, f"not valid JSON ({err.msg})") from None
+    if not isinstance(obj, dict):
+        raise _fail(where, "expected a JSON object")
+    return obj
+
+
+def _check_totals(path: str, header: dict[str, Any], tokens: int, lines: int) -> None:
+    """What only the whole file can tell: at least one token, and a token count that agrees with the header."""
+    if not tokens:
+        raise _fail(f"{path}:{lines}", "a trace needs at least one token line")
+    cap = header.get("max_tokens")
+    if header["stop"] == "max_tokens" and cap is not None and cap != tokens:
+        raise _fail(f"{path}:1", f"stop is max_tokens but max_tokens={cap} differs from the {tokens} token lines")
+    if header["stop"] == "eos" and cap is not None and cap <= tokens:
+        raise _fail(f"{path}:1", f"stop is eos after {tokens} tokens, so max_tokens must exceed that (got {cap})")
 
 
 def token_line(token: int, margin: float | None = None, top: Any = None, ms: float | None = None) -> str:
@@ -242,20 +251,3 @@ def write_trace(
     for entry in rounds:
         parts.append(json.dumps({"type": "round", **entry}, sort_keys=True, separators=(", ", ": ")) + "\n")
     write_atomic(path, "".join(parts))
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write text through a temporary file in the same folder, then rename it into place."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

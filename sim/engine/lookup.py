@@ -1,4 +1,4 @@
-"""Prompt lookup, the drafter (DESIGN §2): a reference scan and an incremental n-gram index.
+"""Prompt lookup, the drafter (docs/lookup.md): a reference scan and an incremental n-gram index.
 
 The context is the prompt followed by every emitted token. Greedy decoding emits
 the same tokens whatever the governor does, so the context at every length is
@@ -9,7 +9,7 @@ a slice of the context. Replay therefore looks nothing up twice.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 NO_MATCH = -1
 

@@ -1,0 +1,207 @@
+"""Replay one trace under one configuration on one cost profile: the loop, the timing model, one typed row.
+
+Greedy verification is lossless, so a recorded run's tokens are what any
+governor would have emitted: the loop replays the trace (`TraceTarget`) and
+counts as mlxcel does, `time_run` times its actions and plain decoding's, and
+the row carries everything that produced it (parameters, profile, hashes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sim.engine.config import PolicyConfig
+from sim.engine.costs import CostProfile
+from sim.engine.lookup import PromptLookup
+from sim.engine.loop import Counters, LoopResult, TraceTarget, run
+from sim.engine.timing import NO_JITTER, ForwardCosts, Jitter, RunTiming, TimingModel, simpy_timing, time_run
+from sim.engine.trace import Trace
+from sim.errors import ConfigError
+
+# Top-1 minus top-2 logit below which a slot decided by a multi-token verify counts as a parity risk.
+# A threshold to choose per model and dtype, not a measurement.
+DEFAULT_RISK_MARGIN = 0.5
+
+_DRAFTERS: dict[tuple[str, int, int], PromptLookup] = {}
+
+
+def drafter_for(trace: Trace, ngram_min: int, ngram_max: int) -> PromptLookup:
+    """The trace's whole context indexed once per process and n-gram bounds; every replay shares it read-only."""
+    key = (trace.sha256 or trace.path, ngram_min, ngram_max)
+    if key not in _DRAFTERS:
+        _DRAFTERS[key] = PromptLookup(ngram_min, ngram_max, trace.prompt_tokens + trace.tokens)
+    return _DRAFTERS[key]
+
+
+def effective_max_tokens(trace: Trace, override: int | None) -> int | None:
+    """The cap replay runs under: the trace's own, or a shorter one asked for."""
+    cap = trace.max_tokens
+    if override is None:
+        return cap
+    if override < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {override}")
+    if cap is not None and override > cap:
+        raise ConfigError(f"--max-tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
+    return override
+
+
+def stopped_on_eos(cap: int | None, generated: int) -> bool:
+    """Whether a run that emitted `generated` tokens under `cap` ended on EOS (plain decoding then reads one more)."""
+    return cap is None or generated < cap
+
+
+def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[CostProfile]) -> None:
+    """Fail before any work when a configuration can ask for a verify width some profile cannot price."""
+    profiles = list(profiles)
+    for config in configs:
+        for profile in profiles:
+            profile.check_width(config.loop.max_draft + 1)
+
+
+def run_trace(
+    trace: Trace, config: PolicyConfig, max_tokens: int | None = None, keep_iterations: bool = False
+) -> LoopResult:
+    """The loop over a trace: counters and action log, no timing."""
+    loop = config.loop
+    target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
+    drafter = drafter_for(trace, loop.ngram_min, loop.ngram_max)
+    return run(
+        target,
+        config.governor(),
+        loop,
+        trace.prompt_tokens,
+        effective_max_tokens(trace, max_tokens),
+        drafter,
+        keep_iterations=keep_iterations,
+    )
+
+
+def time_trace_run(
+    trace: Trace,
+    result: LoopResult,
+    costs: ForwardCosts,
+    max_tokens: int | None = None,
+    jitter: Jitter = NO_JITTER,
+    model: TimingModel = simpy_timing,
+    keep_host_times: bool = False,
+) -> RunTiming:
+    """`time_run` for a loop result over `trace`: its prompt, and whether plain decoding reads an EOS."""
+    eos = stopped_on_eos(effective_max_tokens(trace, max_tokens), result.counters.generated)
+    return time_run(result, costs, len(trace.prompt_tokens), eos, jitter, model, keep_host_times)
+
+
+def risky_verifies(trace: Trace, spans: list[tuple[int, int]], margin: float) -> int | None:
+    """Drafted verifies that emitted a near-tie token (margin below `margin`); None when the trace has no margins.
+
+    A multi-token forward computes its slots with other kernels than a one-token
+    step, so where the greedy choice was a near tie it may pick the other token on
+    hardware (docs/parity-risk.md): such a verify risks output parity with plain decoding.
+    """
+    margins = trace.margins
+    if all(m is None for m in margins):
+        return None
+    return sum(any(m is not None and m < margin for m in margins[start : start + landed]) for start, landed in spans)
+
+
+@dataclass(frozen=True)
+class ReplayRow:
+    """One trace under one configuration on one profile. `as_dict()` is the public `--json` row."""
+
+    trace: Trace
+    config: PolicyConfig
+    label: str
+    profile: CostProfile
+    max_tokens: int | None
+    jitter: Jitter
+    counters: Counters
+    time_ms: float
+    plain_time_ms: float
+    risk_margin: float = DEFAULT_RISK_MARGIN
+    risky_verifies: int | None = None
+
+    @property
+    def speedup(self) -> float:
+        """Plain decoding's time over this run's: > 1 is faster than plain."""
+        return self.plain_time_ms / self.time_ms if self.time_ms > 0 else 1.0
+
+    @property
+    def generated(self) -> int:
+        return self.counters.generated
+
+    def as_dict(self) -> dict[str, Any]:
+        counters = self.counters.as_dict()
+        generated = counters.pop("generated")
+        return {
+            "trace": self.trace.name,
+            "trace_path": self.trace.path,
+            "trace_sha256": self.trace.sha256,
+            "label": self.label,
+            "policy": self.config.policy,
+            "params": self.config.settings(),
+            "profile": self.profile.as_dict(),
+            "max_tokens": self.max_tokens,
+            "jitter": self.jitter.sigma,
+            "seed": self.jitter.seed,
+            "generated_tokens": generated,
+            **counters,
+            "risk_margin": self.risk_margin,
+            "risky_verifies": self.risky_verifies,
+            "time_ms": self.time_ms,
+            "plain_time_ms": self.plain_time_ms,
+            "speedup": self.speedup,
+            "tok_s": 1000.0 * generated / self.time_ms if self.time_ms > 0 else 0.0,
+            "plain_tok_s": 1000.0 * generated / self.plain_time_ms if self.plain_time_ms > 0 else 0.0,
+        }
+
+
+def replay(
+    trace: Trace,
+    config: PolicyConfig,
+    profile: CostProfile,
+    max_tokens: int | None = None,
+    jitter: Jitter = NO_JITTER,
+    model: TimingModel = simpy_timing,
+    risk_margin: float = DEFAULT_RISK_MARGIN,
+    label: str | None = None,
+) -> ReplayRow:
+    """One row: counters, simulated time and plain decoding's, with everything that produced them."""
+    return replay_run(trace, config, profile, max_tokens, jitter, model, risk_margin, label)[0]
+
+
+def replay_run(
+    trace: Trace,
+    config: PolicyConfig,
+    profile: CostProfile,
+    max_tokens: int | None = None,
+    jitter: Jitter = NO_JITTER,
+    model: TimingModel = simpy_timing,
+    risk_margin: float = DEFAULT_RISK_MARGIN,
+    label: str | None = None,
+    keep_iterations: bool = False,
+) -> tuple[ReplayRow, LoopResult, RunTiming]:
+    """`replay`'s row with the loop result and its timing; `keep_iterations` also keeps every iteration and the
+    host clock after every action, for round-by-round records."""
+    require_widths([config], [profile])
+    result = run_trace(trace, config, max_tokens, keep_iterations)
+    timed = time_trace_run(trace, result, profile, max_tokens, jitter, model, keep_host_times=keep_iterations)
+    row = ReplayRow(
+        trace,
+        config,
+        label or config.label(),
+        profile,
+        effective_max_tokens(trace, max_tokens),
+        jitter,
+        result.counters,
+        timed.time_ms,
+        timed.plain_ms,
+        risk_margin,
+        risky_verifies(trace, result.drafted_spans, risk_margin),
+    )
+    return row, result, timed
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")

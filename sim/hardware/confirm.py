@@ -1,0 +1,287 @@
+"""Confirm policies on this machine against the simulator (the library behind `python -m sim.confirm`).
+
+Interleaved A/B: each repetition runs every arm back to back on every trace
+(plain decoding first in repetition 1, the order rotating by one arm per
+repetition), so machine drift and order effects hit all arms alike, and a
+burst of load hits one repetition of several traces rather than all
+repetitions of one. Arms are
+plain decoding plus policies (`--policies graded,gated:full_at=1.75`) and/or
+policy files (`--config best.yaml`). Every run is timed whole, prefill
+included, from a synchronised device to the host's read of the last token.
+
+Per trace and arm: median tok/s over repetitions, `speedup` = arm median tok/s
+over plain median tok/s (what the GB10 matrix calls x), the loop's counters, and
+parity (tokens identical to plain decoding's). Beside each measured speedup the
+simulator's predicted one for the same trace (`sim.engine.replay.replay` on a
+profile measured on this machine by `sim.measure`) and the error in points of x
+(100 * (measured - predicted)). `--scripted` forces the trace's tokens (real
+forwards, real costs), so any trace can be confirmed with any weights; without
+it the model decodes for itself and parity with the trace is reported too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sim.engine.config import PolicyConfig, load_config_file, make_config, split_variant
+from sim.engine.costs import CostProfile
+from sim.engine.lookup import PromptLookup
+from sim.engine.loop import Counters, run
+from sim.engine.replay import effective_max_tokens, geomean, replay, require_widths
+from sim.engine.timing import recurrence_timing
+from sim.engine.trace import Trace
+from sim.errors import ConfigError
+from sim.hardware.model import LoadedModel
+from sim.hardware.target import TorchTarget, decode_plain, synchronize
+
+PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    config: PolicyConfig | None  # None: plain decoding
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"label": self.label, **(self.config.as_dict() if self.config else {"policy": PLAIN})}
+
+
+@dataclass
+class RunResult:
+    ms: float
+    tokens: list[int]
+    counters: Counters | None  # None for plain decoding (not a loop run)
+
+
+def run_arm(lm: LoadedModel, trace: Trace, arm: Arm, max_tokens: int | None, scripted: bool) -> RunResult:
+    """One timed decode of the trace's prompt under the arm, prefill included."""
+    prompt = list(trace.prompt_tokens)
+    target = TorchTarget(lm, prompt, script=trace.tokens if scripted else None, script_stops_on_eos=trace.stop == "eos")
+    counters = None
+    gc.collect()
+    gc.disable()  # a collection inside one arm's run would be charged to that arm alone
+    try:
+        synchronize(lm)
+        start = time.perf_counter()
+        if arm.config is None:
+            tokens = decode_plain(target, max_tokens)
+        else:
+            loop = arm.config.loop
+            drafter = PromptLookup(loop.ngram_min, loop.ngram_max, prompt)  # indexing the prompt is part of the run
+            result = run(target, arm.config.governor(), loop, prompt, max_tokens, drafter)
+            tokens, counters = result.tokens, result.counters
+        ms = (time.perf_counter() - start) * 1000.0
+        synchronize(lm)  # a step left in flight after EOS finishes outside the clock
+    finally:
+        gc.enable()
+    return RunResult(ms, tokens, counters)
+
+
+def confirm(
+    lm: LoadedModel,
+    traces: list[Trace],
+    arms: list[Arm],
+    profile: CostProfile,
+    reps: int,
+    scripted: bool,
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Measured and predicted rows, one per trace and arm."""
+    require_widths([arm.config for arm in arms if arm.config is not None], [profile])
+    runs = collect(lm, traces, arms, reps, scripted, max_tokens, progress=progress)
+    return rows_for(traces, arms, runs, profile, max_tokens, scripted)
+
+
+def collect(
+    lm: LoadedModel,
+    traces: list[Trace],
+    arms: list[Arm],
+    reps: int,
+    scripted: bool,
+    max_tokens: int | None = None,
+    warmup_tokens: int = 32,
+    progress: bool = True,
+    between: Callable[[int], None] | None = None,
+) -> list[dict[str, list[RunResult]]]:
+    """Every timed run, per trace and arm; `between(rep)` runs after each repetition (e.g. more profile rounds)."""
+    bar = tqdm(
+        total=len(traces) * reps * len(arms),
+        desc="confirm",
+        unit="run",
+        disable=None if progress else True,
+        leave=False,
+    )
+    # Warm every arm up once on a short prefix (first calls allocate, pick kernels, fill caches).
+    warm = traces[0]
+    for arm in arms:
+        run_arm(lm, warm, arm, min(warmup_tokens, effective_max_tokens(warm, None) or warmup_tokens), scripted)
+    caps = [effective_max_tokens(trace, max_tokens) for trace in traces]
+    runs: list[dict[str, list[RunResult]]] = [{arm.label: [] for arm in arms} for _ in traces]
+    # Repetition by repetition over all traces: a burst of load from other jobs hits one repetition of many traces,
+    # which the median drops, rather than every repetition of one trace.
+    for rep in range(reps):
+        shift = rep % len(arms)
+        for trace, cap, trace_runs in zip(traces, caps, runs, strict=True):
+            for arm in arms[shift:] + arms[:shift]:
+                trace_runs[arm.label].append(run_arm(lm, trace, arm, cap, scripted))
+                bar.update(1)
+        if between is not None:
+            between(rep)
+    bar.close()
+    return runs
+
+
+def rows_for(
+    traces: list[Trace],
+    arms: list[Arm],
+    runs: list[dict[str, list[RunResult]]],
+    profile: CostProfile,
+    max_tokens: int | None,
+    scripted: bool,
+) -> list[dict[str, Any]]:
+    rows = []
+    for trace, trace_runs in zip(traces, runs, strict=True):
+        rows += _rows(trace, arms, trace_runs, profile, effective_max_tokens(trace, max_tokens), max_tokens, scripted)
+    return rows
+
+
+def _rows(
+    trace: Trace,
+    arms: list[Arm],
+    runs: dict[str, list[RunResult]],
+    profile: CostProfile,
+    cap: int | None,
+    max_tokens: int | None,
+    scripted: bool,
+) -> list[dict[str, Any]]:
+    plain_runs = runs[PLAIN]
+    plain_tokens = plain_runs[0].tokens
+    generated = len(plain_tokens)
+    plain_tok_s = statistics.median(1000.0 * generated / r.ms for r in plain_runs)
+    out = []
+    for arm in arms:
+        results = runs[arm.label]
+        tok_s = [1000.0 * len(r.tokens) / r.ms for r in results]
+        row: dict[str, Any] = {
+            "trace": trace.name,
+            "trace_sha256": trace.sha256,
+            "arm": arm.label,
+            "max_tokens": cap,
+            "generated_tokens": len(results[0].tokens),
+            "ms_all": [r.ms for r in results],
+            "ms_median": statistics.median(r.ms for r in results),
+            "tok_s_all": tok_s,
+            "tok_s_median": statistics.median(tok_s),
+            "speedup": statistics.median(tok_s) / plain_tok_s,
+            # the same ratio within each repetition (arms ran back to back): its spread is the noise floor
+            "speedup_reps": [t / (1000.0 * len(p.tokens) / p.ms) for t, p in zip(tok_s, plain_runs, strict=True)],
+            # every repetition, every arm: the very tokens plain decoding emitted
+            "parity": all(r.tokens == plain_tokens for r in results),
+        }
+        if not scripted:
+            expected = list(trace.tokens[:cap] if cap is not None else trace.tokens)
+            row["matches_trace"] = all(r.tokens == expected for r in results)
+        config = arm.config or make_config("off", {})  # plain: only its predicted time is used
+        predicted = replay(trace, config, profile, max_tokens, model=recurrence_timing)
+        if arm.config is None:
+            row["predicted_speedup"] = 1.0
+            row["predicted_ms"] = predicted.plain_time_ms
+        else:
+            counters = [dataclasses.asdict(r.counters) for r in results if r.counters is not None]
+            replayed = dataclasses.asdict(predicted.counters)
+            row["counters"] = counters[0]
+            row["counters_replay"] = replayed
+            row["counters_match"] = all(c == replayed for c in counters)  # the loop is shared: must be equal
+            row["predicted_speedup"] = predicted.speedup
+            row["predicted_ms"] = predicted.time_ms
+        row["error_points"] = 100.0 * (row["speedup"] - row["predicted_speedup"])
+        row["time_error_pct"] = 100.0 * (row["ms_median"] / row["predicted_ms"] - 1.0)
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict[str, Any]], arms: list[Arm]) -> dict[str, Any]:
+    policy_rows = [r for r in rows if r["arm"] != PLAIN]
+    errors = [abs(r["error_points"]) for r in policy_rows]
+    return {
+        "median_abs_error_points": statistics.median(errors) if errors else 0.0,
+        "max_abs_error_points": max(errors) if errors else 0.0,
+        "parity": all(r["parity"] for r in rows),
+        "counters_match": all(r.get("counters_match", True) for r in rows),
+        "geomean_speedup": {a.label: geomean([r["speedup"] for r in rows if r["arm"] == a.label]) for a in arms},
+        "geomean_predicted_speedup": {
+            a.label: geomean([r["predicted_speedup"] for r in rows if r["arm"] == a.label]) for a in arms
+        },
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    lines = [
+        f"# sim.confirm: {result['model']['name']} on {result['model']['device']}",
+        "",
+        f"{'scripted tokens' if result['scripted'] else 'model tokens'}; {result['reps']} interleaved repetitions; "
+        f"profile `{result['profile']['name']}` (sha256 {result['profile']['sha256'][:12]}); "
+        f"x = median tok/s over plain's (x per rep: lowest-highest ratio within one repetition, the noise); "
+        f"error = 100 * (measured x - predicted x), in points of x.",
+        "",
+        "| trace | tokens | arm | tok/s | x measured | x per rep | x predicted | error (pts) | ms measured "
+        "| ms predicted | rounds | drafted | accepted/proposed | parity |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        c = r.get("counters")
+        counters = f"{c['rounds']} | {c['drafted_rounds']} | {c['accepted']}/{c['proposed']}" if c else "- | - | -"
+        parity = "yes" if r["parity"] else "**NO**"
+        if "counters_match" in r and not r["counters_match"]:
+            parity += " (counters differ from replay)"
+        lines.append(
+            f"| {r['trace']} | {r['generated_tokens']} | {r['arm']} | {r['tok_s_median']:.1f} | {r['speedup']:.3f} "
+            f"| {speedup_range(r)} | {r['predicted_speedup']:.3f} | {r['error_points']:+.1f} | {r['ms_median']:.0f} "
+            f"| {r['predicted_ms']:.0f} | {counters} | {parity} |"
+        )
+    lines += [
+        "",
+        f"Median |error| {s['median_abs_error_points']:.2f} points, max {s['max_abs_error_points']:.2f} "
+        f"(policy rows); parity {'everywhere' if s['parity'] else 'BROKEN somewhere'}; counters equal to replay's: "
+        f"{'yes' if s['counters_match'] else 'NO'}.",
+        "",
+        "| arm | geomean x measured | geomean x predicted |",
+        "|---|---:|---:|",
+    ]
+    for label, x in s["geomean_speedup"].items():
+        lines.append(f"| {label} | {x:.3f} | {s['geomean_predicted_speedup'][label]:.3f} |")
+    lines += ["", f"Command: `{result['command']}`", ""]
+    return "\n".join(lines)
+
+
+def speedup_range(row: dict[str, Any]) -> str:
+    """Lowest and highest per-repetition speedup, as `a-b`."""
+    return f"{min(row['speedup_reps']):.2f}-{max(row['speedup_reps']):.2f}"
+
+
+def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
+    arms = [Arm(PLAIN, None)]
+    for variant in policies.split(",") if policies else []:
+        name, own = split_variant(variant)
+        config = make_config(name, own)
+        arms.append(Arm(config.label(), config))
+    for path in configs:
+        config = load_config_file(path)
+        arms.append(Arm(f"{Path(path).name}:{config.label()}", config))
+    labels = [a.label for a in arms]
+    if len(set(labels)) < len(labels):
+        raise ConfigError(f"two arms share a label: {', '.join(labels)}")
+    if len(arms) < 2:
+        raise ConfigError("no arm besides plain: give --policies and/or --config")
+    return arms

@@ -1,0 +1,115 @@
+"""Record traces from real greedy decode runs (the library behind `python -m sim.record`).
+
+Each prompt is decoded plainly (pipelined greedy, `sim.hardware.target.decode_plain`)
+and becomes one trace (format v1, docs/trace-format.md): a header naming the model,
+dtype, device, library versions and tokenizer, then per token its id and the
+top-1 minus top-2 logit margin (optionally the top-k candidates).
+
+Nothing is lost on a crash: token lines are flushed to `NAME.jsonl.partial` as
+they land; at the end the complete trace is written to `NAME.jsonl` through a
+temporary file renamed into place, and the `.partial` is removed. The reader
+accepts a `.partial` (with a warning) as a run cut at its last complete line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sim.engine.trace import header_line, read_trace, token_line, write_trace
+from sim.errors import ModelError, UserError
+from sim.hardware.model import LoadedModel, Prompter
+from sim.hardware.target import TorchTarget, decode_plain
+from sim.io import read_bytes
+
+DIGITS = 5  # logits and margins are rounded so that files stay short and diff cleanly
+
+
+def prompt_source(path: str, prompter: Prompter, use_chat_template: bool) -> tuple[str, list[int], dict[str, Any]]:
+    """(name, prompt tokens, header metadata) from a text file, or from a trace file's prompt tokens."""
+    file = Path(path)
+    data = read_bytes(path, UserError, "prompt file")
+    meta = {"prompt_file": str(path), "prompt_sha256": hashlib.sha256(data).hexdigest()}
+    if file.name.endswith((".jsonl", ".jsonl.partial")):
+        trace = read_trace(path)
+        return trace.name, list(trace.prompt_tokens), {**meta, "prompt_from_trace": True}
+    try:
+        text = data.decode("utf-8").rstrip("\n")  # as the bundled traces: the prompt without its final newline
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: prompt file is not UTF-8 text") from None
+    if not text:
+        raise UserError(f"{path}: empty prompt")
+    tokens = prompter.prompt(text, use_chat_template)
+    chat = use_chat_template and prompter.chat is not None
+    return file.stem, tokens, {**meta, "chat_template": chat}
+
+
+def record_one(
+    lm: LoadedModel,
+    name: str,
+    prompt: list[int],
+    meta: dict[str, Any],
+    out_dir: Path,
+    max_tokens: int,
+    top: int,
+    versions: dict[str, str],
+    command: str,
+) -> tuple[Path, int, str]:
+    """Decode one prompt plainly and write its trace; returns (path, tokens, stop)."""
+    header: dict[str, Any] = {
+        "name": name,
+        "model": lm.label,
+        "model_info": lm.info,
+        "tokenizer": lm.prompter.name,
+        "eos_token_ids": list(lm.eos_ids),
+        "prompt_tokens": prompt,
+        "device": lm.info["device"],
+        "dtype": lm.info["dtype"],
+        "versions": versions,
+        "source": "recorded",
+        "decode": "plain greedy, pipelined (sim.hardware.target.decode_plain)",
+        "command": command,
+        **meta,
+    }
+    final = out_dir / f"{name}.jsonl"
+    partial = out_dir / f"{name}.jsonl.partial"
+    # Until the run ends its stop is unknown: the partial file says "cut here", which is what it is if we crash.
+    partial_header = {
+        **header,
+        "stop": "max_tokens",
+        "recording": "partial: stop and max_tokens are written at the end",
+    }
+    target = TorchTarget(lm, prompt, keep_top=max(top, 2))
+    tokens: list[int] = []
+    margins: list[float] = []
+    tops: list[Any] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        open(partial, "w", encoding="utf-8", newline="\n") as stream,
+        tqdm(total=max_tokens, desc=name, unit="tok", disable=None, leave=False) as bar,
+    ):
+        stream.write(header_line(partial_header))
+        stream.flush()
+
+        def land(index: int, token: int) -> None:
+            pairs = target.tops[index]
+            margin = round(pairs[0][1] - pairs[1][1], DIGITS)
+            best = [[i, round(v, DIGITS)] for i, v in pairs[:top]] if top else None
+            tokens.append(token)
+            margins.append(margin)
+            tops.append(best)
+            stream.write(token_line(token, margin, best))
+            stream.flush()
+            bar.update(1)
+
+        decode_plain(target, max_tokens, on_token=land)
+    if not tokens:
+        partial.unlink()
+        raise ModelError(f"{name}: the model emitted EOS as its first token; there is nothing to record")
+    stop = "max_tokens" if len(tokens) >= max_tokens else "eos"
+    write_trace(final, {**header, "stop": stop, "max_tokens": max_tokens}, tokens, margins, tops if top else None)
+    partial.unlink()
+    return final, len(tokens), stop
