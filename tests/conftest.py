@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,3 +32,45 @@ def trace_file(tmp_path):
         return str(path)
 
     return write
+
+
+# ---------------------------------------------------------------- refused inputs, for the table-driven CLI tests
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command line did: its exit code and what it printed."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run_main(main: Callable[[list[str]], int], argv: list[str], capsys: pytest.CaptureFixture[str]) -> Outcome:
+    """Run a command's `main(argv)` in this process (argparse's exit included), capturing what it printed.
+
+    An exception that escapes `main` is not caught: the test fails with its traceback, as a user would see it.
+    """
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 1
+    out = capsys.readouterr()
+    return Outcome(code, out.out, out.err)
+
+
+def assert_refused(outcome: Outcome, *fragments: str) -> None:
+    """Exit 2, nothing on stdout, exactly one `error:` line on stderr that contains every fragment, no traceback."""
+    lines = outcome.stderr.splitlines()
+    assert outcome.code == 2, (outcome.code, outcome.stderr)
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), outcome.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert outcome.stdout == "", outcome.stdout
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below `folder` with its bytes, to show that a refused command wrote nothing."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

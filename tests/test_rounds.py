@@ -185,7 +185,7 @@ def test_rounds_out_misuse_is_one_line_and_exit_2(tmp_path, capsys, target, mess
     [
         ('{"type": "header", "version": 1}\n', "expected a line of type 'run' or 'round'"),
         ('{"type": "round", "run": 0}\n', "round line lacks"),
-        ("not json\n", "not a JSON object"),
+        ("not json\n", "not valid JSON"),
         ("", "no runs"),
     ],
 )

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import TraceError
-from sim.io import read_bytes, write_atomic
+from sim.io import load_json, read_bytes, write_atomic
 
 VERSION = 1
 STOPS = ("eos", "max_tokens")
 SOURCES = ("recorded", "reference", "synthetic")
 TOKEN_KEYS = ("type", "id", "margin", "top", "ms")
+# A header holds the prompt's token ids; a million of them fit in 8 MB. Longer lines are not trace lines.
+MAX_LINE_BYTES = 1 << 26
 # Replay's stand-in for EOS when a trace that stopped on EOS does not name its id.
 UNNAMED_EOS = -1
 
@@ -180,12 +182,9 @@ def _complete_lines(path: str, data: bytes) -> list[bytes]:
 def _json_object(raw: bytes, where: str) -> dict[str, Any]:
     if not raw.strip():
         raise _fail(where, "blank line; expected one JSON object per line")
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _fail(where, "not UTF-8") from None
-    except json.JSONDecodeError as err:
-        raise _fail(where, f"not valid JSON ({err.msg})") from None
+    if len(raw) > MAX_LINE_BYTES:
+        raise _fail(where, f"a line of {len(raw)} bytes; no trace line needs more than {MAX_LINE_BYTES}")
+    obj = load_json(raw, where, TraceError)
     if not isinstance(obj, dict):
         raise _fail(where, "expected a JSON object")
     return obj

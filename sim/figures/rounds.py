@@ -26,6 +26,7 @@ from sim.engine.replay import DEFAULT_RISK_MARGIN, ReplayRow, replay_run
 from sim.engine.timing import NO_JITTER, Jitter, RunTiming, Timing, TimingModel, simpy_timing
 from sim.engine.trace import Trace
 from sim.errors import RoundsError
+from sim.io import load_json, read_bytes
 
 # What sim.plot and the notebooks read from each line; a line without one of these is not from --rounds-out.
 RUN_KEYS = ("trace", "policy", "profile", "generated_tokens", *COUNTER_NAMES[1:], "time_ms", "plain_time_ms", "speedup")
@@ -168,19 +169,15 @@ def rounds_text(runs: Sequence[Run]) -> str:
 def read_rounds(path: str | Path) -> list[Run]:
     """Read a rounds file back into runs, checking that every round line belongs to the run line before it."""
     path = Path(path)
+    data = read_bytes(path, RoundsError, "rounds file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RoundsError(f"{path}: no such rounds file") from None
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise RoundsError(f"{path}: not UTF-8 text (expected JSON Lines from sim.replay --rounds-out)") from None
     runs: list[Run] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RoundsError(f"{where}: not a JSON object ({err.msg})") from None
+        obj = load_json(line, where, RoundsError)
         kind = obj.get("type") if isinstance(obj, dict) else None
         required = {"run": RUN_KEYS, "round": ROUND_KEYS}.get(kind, ()) if isinstance(kind, str) else ()
         missing = [k for k in required if k not in obj]

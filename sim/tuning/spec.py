@@ -126,17 +126,20 @@ class StudySpec:
 def _key_lines(text: str) -> dict[tuple[str, ...], int]:
     """Line of every mapping key, by path from the root, so errors can point into the file."""
     lines: dict[tuple[str, ...], int] = {}
+    seen: set[int] = set()
 
     def walk(node: Any, path: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
+        # An alias reuses its anchor's node: visiting each node once keeps a nested alias chain from multiplying.
+        if isinstance(node, yaml.MappingNode) and id(node) not in seen:
+            seen.add(id(node))
             for key, value in node.value:
                 lines[path + (str(key.value),)] = key.start_mark.line + 1
                 walk(value, path + (str(key.value),))
 
     try:
         walk(yaml.compose(text, Loader=yaml.SafeLoader), ())
-    except yaml.YAMLError:
-        pass  # safe_load reports it
+    except (yaml.YAMLError, RecursionError):
+        pass  # parse_yaml reports it
     return lines
 
 
@@ -257,8 +260,8 @@ def load_spec(path: str | Path) -> StudySpec:
     path = str(path)
     data = read_bytes(path, StudyError, "study spec")
     text = decode_text(data, path, StudyError)
+    raw = parse_yaml(text, path, StudyError)  # first: it refuses what would be costly to index below
     r = _Reader(path, text)
-    raw = parse_yaml(text, path, StudyError)
     r.check_keys(raw, KEYS)
     for key in ("name", "policy", "traces", "profiles"):
         if key not in raw:
