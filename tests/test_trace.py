@@ -167,7 +167,7 @@ TOKEN_CASES = [
     ("margin string", {"type": "token", "id": 7, "margin": "big"}, "'margin' must be a finite number >= 0"),
     ("margin bool", {"type": "token", "id": 7, "margin": True}, "'margin' must be a finite number >= 0"),
     ("margin NaN", '{"type": "token", "id": 7, "margin": NaN}', "NaN is not a number this file may hold"),
-    ("margin infinite", '{"type": "token", "id": 7, "margin": Infinity}', "Infinity is not a number this file may hold"),
+    ("margin infinite", '{"type": "token", "id": 7, "margin": Infinity}', "Infinity is not a number"),
     ("top not pairs", {"type": "token", "id": 7, "top": [[7, 1.0, 2.0]]}, "'top' must be a list of [token id, logit]"),
     ("ms negative", {"type": "token", "id": 7, "ms": -1}, "'ms' must be a finite number >= 0"),
 ]
