@@ -1,9 +1,9 @@
 """Closed loop on this CPU: measure a profile, confirm policies on hardware, compare with the simulator's prediction.
 
-    python benchmarks/closed_loop_cpu.py [--arch mid] [--reps 5] [--rounds 21] [--threads 1]
+    python benchmarks/closed_loop_cpu.py [--arch mid] [--reps 5] [--rounds 21] [--threads 1] [--max-tokens N]
 
 1. `sim.measure` on a random-weight `mid` model (29.7M parameters, float32):
-   P, S(1..8) and prefill cost at contexts of 100, 400 and 800 tokens, back
+   P, S(1..8) (the arms' widest verify is max_draft 7 + 1) and prefill cost at contexts of 100, 400 and 800 tokens, back
    to back (how costs move with context length).
 2. `sim.confirm --scripted` on the five bundled traces for plain, graded and
    gated: real forwards of the model on the traces' tokens, interleaved
@@ -18,9 +18,12 @@
    profile's d(w) plus the measured slope of step 1 times its context length
    less N.
 
-Writes benchmarks/results/closed_loop_cpu.{json,md} and the profile it used,
-benchmarks/results/closed_loop_cpu-profile.yaml. Target: median |error| <= 2
-points of x, none above 5.
+Writes results/benchmarks/closed_loop_cpu.{json,md} and the profile it used,
+results/benchmarks/closed_loop_cpu-profile.yaml (--out sets the stem; the committed
+benchmarks/results/closed_loop_cpu* came from --out benchmarks/results/closed_loop_cpu). Target: median |error| <= 2
+points of x, none above 5. Progress bars on stderr (off with TQDM_DISABLE=1)
+follow each measurement and the confirm runs, with an estimate of the time left;
+`--arch tiny --reps 1 --rounds 3 --max-tokens 24` is a quick smoke run.
 """
 
 from __future__ import annotations
@@ -39,19 +42,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 
+from sim import cli  # noqa: E402
 from sim.engine.config import PolicyConfig  # noqa: E402
 from sim.engine.costs import CostProfile, load_profile  # noqa: E402
 from sim.engine.replay import require_widths, run_trace, time_trace_run  # noqa: E402
 from sim.engine.timing import recurrence_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
-from sim.hardware import confirm as confirm_mod  # noqa: E402
-from sim.hardware.measure import measure, pool, profile_data, write_profile  # noqa: E402
+from sim.hardware.arms import PLAIN, build_arms  # noqa: E402
+from sim.hardware.options import ARCH_NAMES, MAX_THREADS, require_torch  # noqa: E402
 from sim.io import write_atomic  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 POLICIES = "graded,gated"
 MAIN_CONTEXT = 400
 CONTEXTS = (100, MAIN_CONTEXT, 800)
+WIDTHS = 8  # the arms are graded and gated at their defaults: max_draft 7, verify widths up to 8
 
 
 class ContextSlopeCosts:
@@ -90,38 +94,70 @@ def context_costs(measurements: dict[int, dict], profile: CostProfile) -> Contex
     return ContextSlopeCosts(profile, slopes)
 
 
-def context_prediction(trace: Trace, config: PolicyConfig, costs: ContextSlopeCosts) -> float:
+def context_prediction(
+    trace: Trace, config: PolicyConfig, costs: ContextSlopeCosts, max_tokens: int | None = None
+) -> float:
     """Predicted speedup with context-dependent costs: the ordinary timing model on another cost function."""
-    result = run_trace(trace, config)
-    return time_trace_run(trace, result, costs, model=recurrence_timing).speedup
+    result = run_trace(trace, config, max_tokens)
+    return time_trace_run(trace, result, costs, max_tokens, model=recurrence_timing).speedup
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="mid", help="named random-weight architecture (default mid)")
-    parser.add_argument("--reps", type=int, default=5, help="interleaved confirm repetitions (default 5)")
-    parser.add_argument("--rounds", type=int, default=21, help="widthcost rounds per quantity (default 21)")
+    parser = cli.Parser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (default 1: the 2 cores are shared with other jobs)"
+        "--arch", default="mid", choices=ARCH_NAMES, help="named random-weight architecture (default mid)"
     )
-    parser.add_argument("--out", default=str(RESULTS / "closed_loop_cpu"), help="result files' path stem")
+    parser.add_argument(
+        "--reps", type=cli.int_in(1, 100), default=5, help="interleaved confirm repetitions, 1..100 (default 5)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=cli.int_in(1, 1000),
+        default=21,
+        help="sim.measure rounds per quantity, 1..1000 (default 21)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=cli.int_in(1, MAX_THREADS),
+        default=1,
+        help="torch CPU threads (default 1: the 2 cores are shared with other jobs)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=cli.int_in(1, 100_000),
+        help="cut every trace at this many tokens (default: whole traces; a small cap makes a smoke run)",
+    )
+    parser.add_argument(
+        "--out",
+        default="results/benchmarks/closed_loop_cpu",
+        help="result files' path stem (default results/benchmarks/closed_loop_cpu; the committed results came from "
+        "--out benchmarks/results/closed_loop_cpu)",
+    )
     args = parser.parse_args()
+    return cli.run(lambda: _benchmark(args))
 
+
+def _benchmark(args: argparse.Namespace) -> int:
+    require_torch("benchmarks/closed_loop_cpu.py")
     import torch
 
+    from sim.hardware import confirm as confirm_mod
+    from sim.hardware.measure import measure, pool, profile_data, write_profile
     from sim.hardware.model import load_model, versions
 
     torch.set_num_threads(args.threads)
     lm = load_model(arch=args.arch, device="cpu", dtype="float32", seed=0)
     command = (
         f"python benchmarks/closed_loop_cpu.py --arch {args.arch} --reps {args.reps} --rounds {args.rounds} "
-        f"--threads {args.threads}"
+        f"--threads {args.threads}" + (f" --max-tokens {args.max_tokens}" if args.max_tokens else "")
     )
     started = time.time()
     measurements = {}
     for n in CONTEXTS:  # back to back, for the context slopes
         print(f"measuring costs at a {n}-token context ...", flush=True)
-        measurements[n] = measure(lm, prompt_tokens=n, rounds=args.rounds // 3, progress=False)
+        measurements[n] = measure(
+            lm, prompt_tokens=n, max_width=WIDTHS, rounds=max(1, args.rounds // 3), desc=f"measure at {n}"
+        )
     # The profile's rounds are spread over the whole confirm window, a slice after every repetition: the load of
     # other jobs on this shared machine moves costs by 10-30% within minutes (see drift_pct), and the profile must
     # see the same machine the runs saw.
@@ -132,6 +168,7 @@ def main() -> int:
             measure(
                 lm,
                 prompt_tokens=MAIN_CONTEXT,
+                max_width=WIDTHS,
                 rounds=max(1, args.rounds // args.reps),
                 warmup=1,
                 prefill_rounds=2,
@@ -140,15 +177,18 @@ def main() -> int:
         )
 
     traces = [read_trace(p) for p in sorted((ROOT / "traces").glob("*.jsonl"))]
-    arms = confirm_mod.build_arms(POLICIES, [])
+    arms = build_arms(POLICIES, [])
     print(f"confirm: {len(traces)} traces x {len(arms)} arms x {args.reps} repetitions ...", flush=True)
-    runs = confirm_mod.collect(lm, traces, arms, args.reps, scripted=True, between=profile_slice)
+    runs = confirm_mod.collect(
+        lm, traces, arms, args.reps, scripted=True, max_tokens=args.max_tokens, between=profile_slice
+    )
     pooled = pool(slices)
     profile_path = Path(f"{args.out}-profile.yaml")
     write_profile(profile_path, profile_data(pooled, lm, f"cpu-{args.arch}-float32", command))
     profile = load_profile(str(profile_path))
+    assert isinstance(profile, CostProfile)  # profile_data writes format v1: one context length
     require_widths([arm.config for arm in arms if arm.config is not None], [profile])
-    rows = confirm_mod.rows_for(traces, arms, runs, profile, None, scripted=True)
+    rows = confirm_mod.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=True)
 
     costs = context_costs(measurements, profile)
     by_name = {t.name: t for t in traces}
@@ -157,9 +197,11 @@ def main() -> int:
         if arm.config is None:
             row["context_predicted_speedup"] = 1.0
         else:
-            row["context_predicted_speedup"] = context_prediction(by_name[row["trace"]], arm.config, costs)
+            row["context_predicted_speedup"] = context_prediction(
+                by_name[row["trace"]], arm.config, costs, args.max_tokens
+            )
         row["context_error_points"] = 100.0 * (row["speedup"] - row["context_predicted_speedup"])
-    policy_rows = [r for r in rows if r["arm"] != confirm_mod.PLAIN]
+    policy_rows = [r for r in rows if r["arm"] != PLAIN]
     context_errors = [abs(r["context_error_points"]) for r in policy_rows]
     summary = confirm_mod.summary(rows, arms)
     summary["context_median_abs_error_points"] = statistics.median(context_errors)
@@ -182,6 +224,7 @@ def main() -> int:
         "traces": [{"name": t.name, "path": _relative(Path(t.path)), "sha256": t.sha256} for t in traces],
         "arms": [a.as_dict() for a in arms],
         "reps": args.reps,
+        "max_tokens": args.max_tokens,
         "scripted": True,
         "rows": rows,
         "summary": summary,
@@ -190,6 +233,11 @@ def main() -> int:
     write_atomic(f"{args.out}.md", _markdown(result, measurements))
     print(_markdown(result, measurements))
     return 0
+
+
+def _speedup_range(row: dict) -> str:
+    """Lowest and highest per-repetition speedup, as `a-b` (as sim.confirm's tables show it)."""
+    return f"{min(row['speedup_reps']):.2f}-{max(row['speedup_reps']):.2f}"
 
 
 def _relative(path: Path) -> str:
@@ -210,8 +258,8 @@ def _markdown(result: dict, measurements: dict[int, dict]) -> str:
         "",
         "Costs measured by sim.measure (ms; median of the rounds):",
         "",
-        "| context | P | " + " | ".join(f"S({w})" for w in range(1, 9)) + " | prefill fixed + per token |",
-        "|---:|---:|" + "---:|" * 8 + "---|",
+        "| context | P | " + " | ".join(f"S({w})" for w in range(1, WIDTHS + 1)) + " | prefill fixed + per token |",
+        "|---:|---:|" + "---:|" * WIDTHS + "---|",
     ]
     for n, m in sorted(measurements.items()):
         lines.append(
@@ -238,7 +286,7 @@ def _markdown(result: dict, measurements: dict[int, dict]) -> str:
     for r in result["rows"]:
         lines.append(
             f"| {r['trace']} | {r['generated_tokens']} | {r['arm']} | {r['tok_s_median']:.1f} | "
-            f"{r['speedup']:.3f} | {confirm_mod.speedup_range(r)} | {r['predicted_speedup']:.3f} | "
+            f"{r['speedup']:.3f} | {_speedup_range(r)} | {r['predicted_speedup']:.3f} | "
             f"{r['error_points']:+.1f} | {r['context_predicted_speedup']:.3f} | {r['context_error_points']:+.1f} |"
         )
     lines += [

@@ -1,6 +1,9 @@
 """Fidelity against hardware: simulated x vs the measured GB10 A/B matrix, row by row.
 
-    python benchmarks/matrix_fidelity.py [--out benchmarks/results/matrix_fidelity.json]
+    python benchmarks/matrix_fidelity.py [--out results/benchmarks/matrix_fidelity.json]
+
+The committed benchmarks/results/matrix_fidelity.{json,md} are this command's output with
+`--out benchmarks/results/matrix_fidelity.json`; by default a run writes under results/ (ignored by git).
 
 The matrix (traces/profiles/reference/gb10-2026-10-02/matrix-run1-probation-on-any-token.csv)
 ran graded and gated with probation ended by ANY landed token, so gated is
@@ -53,8 +56,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--out",
-        default=str(ROOT / "benchmarks" / "results" / "matrix_fidelity.json"),
-        help="result file (JSON); a markdown table goes next to it",
+        default="results/benchmarks/matrix_fidelity.json",
+        help="result file (JSON; default results/benchmarks/matrix_fidelity.json); a markdown table goes next to it",
     )
     args = parser.parse_args()
     rows: list[Row] = []

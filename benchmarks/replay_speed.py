@@ -1,6 +1,9 @@
 """Replay speed: rounds per second of the round loop + timing model over the bundled traces and GB10 profiles.
 
-    python benchmarks/replay_speed.py [--repeats 7] [--out benchmarks/results/replay_speed.json]
+    python benchmarks/replay_speed.py [--repeats 7] [--out results/benchmarks/replay_speed.json]
+
+The committed benchmarks/results/replay_speed.json is this command's output with
+`--out benchmarks/results/replay_speed.json`; by default a run writes under results/ (ignored by git).
 
 One pass = every bundled trace x every GB10 profile x {graded, gated}: the loop
 plus the simpy model for the policy and for plain decoding (what `sim.replay`
@@ -22,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sim.engine.config import PolicyConfig, make_config  # noqa: E402
-from sim.engine.costs import CostProfile, bundled_profiles, load_profile  # noqa: E402
+from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
 from sim.engine.replay import replay, run_trace  # noqa: E402
 from sim.engine.timing import TimingModel, recurrence_timing, simpy_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
@@ -32,7 +35,7 @@ POLICIES = ("graded", "gated")
 
 
 def one_pass(
-    traces: list[Trace], profiles: list[CostProfile], configs: list[PolicyConfig], model: TimingModel
+    traces: list[Trace], profiles: list[Profile], configs: list[PolicyConfig], model: TimingModel
 ) -> tuple[float, int]:
     start = time.perf_counter()
     rounds = 0
@@ -47,7 +50,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="repetitions; the median is reported (default 7)")
     parser.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "results" / "replay_speed.json"), help="result file (JSON)"
+        "--out",
+        default="results/benchmarks/replay_speed.json",
+        help="result file (JSON; default results/benchmarks/replay_speed.json)",
     )
     args = parser.parse_args()
     traces = [read_trace(p) for p in sorted((ROOT / "traces").glob("*.jsonl"))]

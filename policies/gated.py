@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.params import param
+from sim.engine.params import MAX_MAGNITUDE, MAX_SPAN, check_range, param
 from sim.errors import ConfigError
 
 from .base import Governor, register
@@ -41,6 +41,10 @@ class GatedParams:
             raise ConfigError("narrow_width, misses_before_pause and shadow_confirm_length must be >= 1")
         if not 0.0 < self.average_weight <= 1.0:
             raise ConfigError(f"average_weight must be in (0, 1], got {self.average_weight}")
+        check_range("narrow_width", self.narrow_width, 1, MAX_SPAN)
+        check_range("shadow_confirm_length", self.shadow_confirm_length, 1, MAX_SPAN)
+        check_range("full_at", self.full_at, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+        check_range("start_average", self.start_average, -MAX_MAGNITUDE, MAX_MAGNITUDE)
 
 
 @register("gated")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.params import param
+from sim.engine.params import MAX_MAGNITUDE, MAX_SPAN, check_range, param
 from sim.errors import ConfigError
 
 from .base import Governor, register, round_half_away_from_zero
@@ -30,6 +30,11 @@ class GradedParams:
             raise ConfigError("need misses_before_cooldown >= 1 and 0 <= cooldown_min <= cooldown_max")
         if not 0.0 < self.average_weight <= 1.0:
             raise ConfigError(f"average_weight must be in (0, 1], got {self.average_weight}")
+        # budget() multiplies and rounds these: bounded, the product stays a finite number of tokens.
+        check_range("block_slope", self.block_slope, -MAX_MAGNITUDE, MAX_MAGNITUDE)
+        check_range("block_offset", self.block_offset, -MAX_SPAN, MAX_SPAN)
+        if self.start_average is not None:
+            check_range("start_average", self.start_average, -MAX_MAGNITUDE, MAX_MAGNITUDE)
 
 
 @register("graded")

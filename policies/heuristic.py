@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.params import param
+from sim.engine.params import MAX_SPAN, check_range, param
 from sim.errors import ConfigError
 
 from .base import Governor, register
@@ -25,6 +25,8 @@ class HeuristicParams:
     def __post_init__(self) -> None:
         if self.start < 1 or self.grow < 0 or self.shrink < 0:
             raise ConfigError("need start >= 1, grow >= 0 and shrink >= 0")
+        for name in ("start", "grow", "shrink"):
+            check_range(name, getattr(self, name), 0, MAX_SPAN)
 
 
 @register("heuristic")

@@ -2,7 +2,10 @@
 
 An interleaved A/B of plain decoding and policy arms on a real model, beside
 the simulator's prediction (sim/hardware/confirm.py). Writes OUT/confirm.json
-(every parameter, hash and sample) and OUT/confirm.md.
+(every parameter, hash and sample) and OUT/confirm.md, neither of which may be
+one of the inputs. Traces, profile, arms and the traces' token ids are checked
+against the model's configuration before its weights are loaded; a progress bar
+on stderr estimates the time left.
 """
 
 from __future__ import annotations
@@ -12,18 +15,15 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from sim import cli
-from sim.engine.costs import load_profile
-from sim.engine.replay import effective_max_tokens
-from sim.engine.trace import read_trace
-from sim.errors import UserError
-from sim.io import check_out_folder, write_atomic
+from sim.errors import ProfileError, UserError
+from sim.hardware.options import MAX_REPS, MAX_TOKENS, add_model_args, bounded, check_model_args, model_files
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sim.hardware.model import add_model_args
-
     parser = cli.Parser(
         prog="python -m sim.confirm",
         description="Interleaved A/B of plain decoding and policies on a real model, beside the simulator's "
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         required=True,
         metavar="PATH|NAME",
-        help="cost profile measured on this machine and model by sim.measure",
+        help="cost profile measured on this machine and model by sim.measure (widths up to every arm's max_draft + 1)",
     )
     parser.add_argument(
         "--policies", metavar="P1,P2,...", help="policy arms, each may carry settings: graded,gated:full_at=1.75"
@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a policy file ({policy, params}, e.g. a study's best.yaml) as one more arm; repeatable",
     )
-    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions per trace (default 3)")
+    parser.add_argument(
+        "--reps", type=int, default=3, help=f"interleaved repetitions per trace, 1..{MAX_REPS} (default 3)"
+    )
     parser.add_argument(
         "--scripted",
         action="store_true",
@@ -65,17 +67,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
-    from sim.hardware.confirm import build_arms, confirm, markdown, summary
-    from sim.hardware.model import model_from_args, versions
+    from sim.engine.costs import load_profile, resolve
+    from sim.engine.replay import effective_max_tokens
+    from sim.engine.trace import read_trace
+    from sim.hardware.options import check_trace, require_torch
+    from sim.io import check_out_folder, refuse_inputs_as_outputs, same_file, write_atomic
 
-    if args.reps < 1:
-        raise UserError(f"--reps must be >= 1, got {args.reps}")
+    bounded(args.reps, "--reps", 1, MAX_REPS)
+    if args.max_tokens is not None:
+        bounded(args.max_tokens, "--max-tokens", 1, MAX_TOKENS)
+    check_model_args(args)
     out = check_out_folder(args.out, "--out")  # refused before the runs, not after them
+    profile_path = resolve(args.profile)
+    outputs = [out / "confirm.json", out / "confirm.md"]
+    refuse_inputs_as_outputs(outputs, [*args.traces, profile_path, *args.config, *model_files(args)], "--out")
+    for i, path in enumerate(args.traces):
+        if any(same_file(path, earlier) for earlier in args.traces[:i]):
+            raise UserError(f"{path}: given twice as a trace (each trace is one set of rows)")
+    from sim.hardware.arms import build_arms
+
     arms = build_arms(args.policies, args.config)
     profile = load_profile(args.profile)
+    _require_widths(arms, profile, profile_path)
     traces = [read_trace(p) for p in args.traces]
-    for trace in traces:
-        effective_max_tokens(trace, args.max_tokens)
+    caps = [effective_max_tokens(trace, args.max_tokens) for trace in traces]
+
+    require_torch("python -m sim.confirm")
+    from sim.hardware.confirm import confirm, markdown, summary
+    from sim.hardware.model import model_from_args, model_limits, versions
+
+    limits = model_limits(args)  # from the configuration: traces the model cannot run are refused before loading
+    for trace, cap in zip(traces, caps, strict=True):
+        check_trace(trace, limits, args.scripted, cap if cap is not None else len(trace.tokens) + 1)
     lm = model_from_args(args)
     rows = confirm(lm, traces, arms, profile, args.reps, args.scripted, args.max_tokens)
     result = {
@@ -96,6 +119,21 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     write_atomic(out / "confirm.md", text)
     print(text)
     return 0
+
+
+def _require_widths(arms: list[Any], profile: Any, path: Path) -> None:
+    """Every arm's widest verify (max_draft + 1) priced by the profile, else one line naming the missing width and
+    the `sim.measure --max-width` that measures it."""
+    short = [a for a in arms if a.config is not None and a.config.loop.max_draft + 1 > profile.widest]
+    if not short:
+        return
+    need = max(a.config.loop.max_draft + 1 for a in short)
+    arm = next(a for a in short if a.config.loop.max_draft + 1 == need)
+    raise ProfileError(
+        f"{path}: profile {profile.name} measures verify widths 1..{profile.max_width}, but arm {arm.label} "
+        f"(max_draft={need - 1}) needs width {need}: measure the profile with `python -m sim.measure "
+        f"--max-width {need} ...` (the default covers every committed configuration), or lower max_draft"
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 P (the pipelined step), S(1..W) (synchronous verify forwards) and the prefill
 cost, measured through the same torch target the round loop drives
 (sim/hardware/measure.py); the profile is what `sim.replay --profile PATH` and
-`sim.confirm --profile PATH` read.
+`sim.confirm --profile PATH` read. W defaults to 16: wide enough for every
+committed configuration (max_draft + 1 <= 16).
 """
 
 from __future__ import annotations
@@ -16,11 +17,23 @@ from pathlib import Path
 
 from sim import cli
 from sim.errors import UserError
+from sim.hardware.options import (
+    DEFAULT_MAX_WIDTH,
+    MAX_CONTEXT,
+    MAX_PREFILL_LENGTHS,
+    MAX_PREFILL_ROUNDS,
+    MAX_ROUNDS,
+    MAX_STEPS,
+    MAX_WARMUP,
+    MAX_WIDTH,
+    add_model_args,
+    bounded,
+    check_model_args,
+    model_files,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sim.hardware.model import add_model_args
-
     parser = cli.Parser(
         prog="python -m sim.measure",
         description="Measure P (pipelined step), S(1..W) (synchronous verify forwards) and prefill cost of a "
@@ -32,26 +45,50 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-tokens",
         type=int,
         default=300,
-        help="prefill length before the step and width measurements (default 300)",
+        help=f"prefill length before the step and width measurements, 2..{MAX_CONTEXT} and within the model's "
+        "positions (default 300)",
     )
     parser.add_argument(
-        "--max-width", type=int, default=8, help="widest verify forward measured, W (default 8 = max_draft 7 + 1)"
+        "--max-width",
+        type=int,
+        default=DEFAULT_MAX_WIDTH,
+        help=f"widest verify forward measured, W, 1..{MAX_WIDTH}; a configuration needs W >= max_draft + 1 "
+        f"(default {DEFAULT_MAX_WIDTH}: every committed configuration)",
     )
-    parser.add_argument("--rounds", type=int, default=21, help="measured rounds per quantity; medians (default 21)")
-    parser.add_argument("--warmup", type=int, default=3, help="unmeasured rounds per width first (default 3)")
+    parser.add_argument(
+        "--rounds", type=int, default=21, help=f"measured rounds per quantity, 1..{MAX_ROUNDS}; medians (default 21)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=3, help=f"unmeasured rounds per width first, 0..{MAX_WARMUP} (default 3)"
+    )
     parser.add_argument(
         "--steps",
         default="8,40",
         metavar="K1,K2",
-        help="lengths of the two pipelined step runs whose difference gives P (default 8,40)",
+        help=f"lengths of the two pipelined step runs whose difference gives P, 1 <= K1 < K2 <= {MAX_STEPS} "
+        "(default 8,40)",
     )
     parser.add_argument(
         "--prefill-lengths",
         default="32,128,256,384",
         metavar="N1,N2,...",
-        help="prompt lengths timed for the prefill fit (default 32,128,256,384)",
+        help=f"prompt lengths timed for the prefill fit, 2..{MAX_PREFILL_LENGTHS} different ones, each "
+        f"1..{MAX_CONTEXT} (default 32,128,256,384)",
     )
-    parser.add_argument("--prefill-rounds", type=int, default=5, help="measured prefills per length (default 5)")
+    parser.add_argument(
+        "--contexts",
+        metavar="N1,N2,...",
+        help="measure P and S(1..W) after a prefill of each of these context lengths (increasing, each within the "
+        "model's positions) and write a format-v2 profile whose costs follow the context; prefill is then timed at "
+        "these lengths and fitted (quadratic where the data supports it). Replaces --prompt-tokens and "
+        "--prefill-lengths",
+    )
+    parser.add_argument(
+        "--prefill-rounds",
+        type=int,
+        default=5,
+        help=f"measured prefills per length, 1..{MAX_PREFILL_ROUNDS} (default 5)",
+    )
     add_model_args(parser)
     return parser
 
@@ -60,7 +97,7 @@ def _ints(text: str, flag: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise UserError(f"{flag} expects comma-separated integers, got {text!r}") from None
+        raise UserError(f"{flag} expects comma-separated integers, got {text[:40]!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,24 +106,90 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli.run(lambda: _measure(args, argv))
 
 
-def _measure(args: argparse.Namespace, argv: list[str]) -> int:
-    from sim.hardware.measure import measure, profile_data, write_profile
-    from sim.hardware.model import model_from_args
+def _contexts(args: argparse.Namespace) -> list[int]:
+    """The --contexts grid, checked: increasing lengths, each in range ([] without --contexts)."""
+    if args.contexts is None:
+        return []
+    contexts = _ints(args.contexts, "--contexts")
+    if contexts != sorted(set(contexts)) or len(contexts) > MAX_PREFILL_LENGTHS:
+        raise UserError(
+            f"--contexts must be 1..{MAX_PREFILL_LENGTHS} increasing context lengths, got {args.contexts[:60]!r}"
+        )
+    for n in contexts:
+        bounded(n, "--contexts: each length", 2, MAX_CONTEXT)
+    return contexts
 
+
+def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
+    """Every flag in its range and the output path usable, before torch is imported: (steps, prefill lengths)."""
+    from sim.io import refuse_inputs_as_outputs
+
+    bounded(args.prompt_tokens, "--prompt-tokens", 2, MAX_CONTEXT)
+    bounded(args.max_width, "--max-width", 1, MAX_WIDTH)
+    bounded(args.rounds, "--rounds", 1, MAX_ROUNDS)
+    bounded(args.warmup, "--warmup", 0, MAX_WARMUP)
+    bounded(args.prefill_rounds, "--prefill-rounds", 1, MAX_PREFILL_ROUNDS)
     steps = _ints(args.steps, "--steps")
     if len(steps) != 2:
-        raise UserError(f"--steps expects two run lengths K1,K2, got {args.steps!r}")
+        raise UserError(f"--steps expects two run lengths K1,K2, got {args.steps[:40]!r}")
+    if not 1 <= steps[0] < steps[1] <= MAX_STEPS:
+        raise UserError(f"--steps must satisfy 1 <= K1 < K2 <= {MAX_STEPS}, got {steps[0]},{steps[1]}")
     lengths = _ints(args.prefill_lengths, "--prefill-lengths")
-    if args.prefill_rounds < 1:
-        raise UserError(f"--prefill-rounds must be >= 1, got {args.prefill_rounds}")
+    if len(set(lengths)) < 2:
+        raise UserError(f"--prefill-lengths needs at least two different lengths, got {args.prefill_lengths[:40]!r}")
+    if len(lengths) > MAX_PREFILL_LENGTHS:
+        raise UserError(f"--prefill-lengths takes at most {MAX_PREFILL_LENGTHS} lengths, got {len(lengths)}")
+    for length in lengths:
+        bounded(length, "--prefill-lengths: each length", 1, MAX_CONTEXT)
+    check_model_args(args)
+    if args.name is not None and (not args.name.strip() or not args.name.isprintable() or len(args.name) > 200):
+        raise UserError(f"--name must be a printable profile name of 1..200 characters, got {args.name[:40]!r}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; expected the profile file to write (PROFILE.yaml)")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise UserError(f"--out {out}: {out.parent} is a file, not a folder")
+    refuse_inputs_as_outputs([out], model_files(args), "--out")
+    return (steps[0], steps[1]), lengths
+
+
+def _measure(args: argparse.Namespace, argv: list[str]) -> int:
+    from sim.hardware.options import require_torch
+
+    steps, lengths = _check(args)
+    contexts = _contexts(args)
+    require_torch("python -m sim.measure")
+    from sim.hardware.measure import measure, profile_data, write_profile
+    from sim.hardware.model import model_from_args, model_limits
+
+    limits = model_limits(args)
+    if limits.positions is not None:
+        for n, flag in (
+            [(args.prompt_tokens, "--prompt-tokens")] if not contexts else [(c, "--contexts") for c in contexts]
+        ):
+            need = n + max(steps[1], args.max_width)
+            if need > limits.positions:
+                raise UserError(
+                    f"{flag} {n} with {max(steps[1], args.max_width)} more positions for the step runs (--steps) "
+                    f"and verify widths (--max-width) needs {need} positions; {limits.name} has "
+                    f"{limits.positions} (max_position_embeddings): "
+                    + ("lower --prompt-tokens" if flag == "--prompt-tokens" else "choose shorter --contexts")
+                )
+        if not contexts and max(lengths) > limits.positions:
+            raise UserError(
+                f"--prefill-lengths {max(lengths)} is more than the {limits.positions} positions of {limits.name} "
+                "(max_position_embeddings)"
+            )
     lm = model_from_args(args)
+    if contexts:
+        return _measure_grid(args, argv, lm, contexts, steps)
     m = measure(
         lm,
         args.prompt_tokens,
         args.max_width,
         args.rounds,
         args.warmup,
-        (steps[0], steps[1]),
+        steps,
         lengths,
         args.prefill_rounds,
     )
@@ -98,6 +201,36 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
         f"{args.out}: P={data['pipelined_ms']:.3f} ms  S(1..{len(data['sync_ms'])})={sync} ms  "
         f"prefill={data['prefill']['fixed_ms']:.2f} + {data['prefill']['per_prompt_token_ms']:.4f}/token ms"
     )
+    return 0
+
+
+def _measure_grid(
+    args: argparse.Namespace, argv: list[str], lm: object, contexts: list[int], steps: tuple[int, int]
+) -> int:
+    """A v2 profile: one measurement per context length, then prefill timed at those lengths."""
+    import numpy as np
+
+    from sim.hardware.measure import grid_profile_data, measure, measure_prefill, write_profile
+    from sim.hardware.model import LoadedModel
+    from sim.hardware.options import progress as progress_bar
+    from sim.hardware.tokenizer import GPT2_EOS
+
+    assert isinstance(lm, LoadedModel)  # built by model_from_args
+    by_context = {}
+    for n in contexts:
+        by_context[n] = measure(
+            lm, n, args.max_width, args.rounds, args.warmup, steps, (), args.prefill_rounds, desc=f"measure at {n}"
+        )
+    high = min(lm.model.config.vocab_size, GPT2_EOS)  # any id a named vocabulary holds; values do not change costs
+    prompt = np.random.default_rng(0).integers(0, high, size=max(contexts)).tolist()
+    bar = progress_bar(len(contexts) * (args.prefill_rounds + 1), "prefill", "prefill", enabled=True)
+    prefill = measure_prefill(lm, prompt, contexts, args.prefill_rounds, bar.update)
+    bar.close()
+    name = args.name or Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
+    data = grid_profile_data(by_context, prefill, lm, name, "python -m sim.measure " + shlex.join(argv))
+    write_profile(args.out, data)
+    for n, p_ms, sync in zip(data["contexts"], data["pipelined_ms"], data["sync_ms"], strict=True):
+        print(f"{args.out}: at {n}: P={p_ms:.3f} ms  S(1..{len(sync)})={' '.join(f'{v:.3f}' for v in sync)} ms")
     return 0
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from sim import cli
 from sim.errors import PlotError
 from sim.figures.rounds import read_rounds
-from sim.figures.style import DPI
-from sim.io import check_out_folder
+from sim.figures.style import DPI, MAX_DPI, MIN_DPI, file_part
+from sim.io import check_out_folder, refuse_inputs_as_outputs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,10 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--out",
             default="figures",
             metavar="DIR",
-            help="folder for the PNG files, created if missing (default: figures)",
+            help="folder for the PNG files, created if missing (default: figures); a figure may not replace "
+            "the command's input",
         )
         each.add_argument(
-            "--dpi", type=int, default=DPI, help=f"resolution of the PNG files in dots per inch (default {DPI})"
+            "--dpi",
+            type=cli.int_in(MIN_DPI, MAX_DPI),
+            default=DPI,
+            help=f"resolution of the PNG files in dots per inch ({MIN_DPI}..{MAX_DPI}; default {DPI})",
         )
     return parser
 
@@ -94,23 +98,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    if args.dpi < 20:
-        raise PlotError(f"--dpi must be at least 20, got {args.dpi}")
     out = check_out_folder(args.out, "--out")
     notes: list[str] = []
     if args.command == "rounds":
-        from sim.figures.replay_figures import write_round_figures
+        from sim.figures.replay_figures import FIGURES, group_runs, write_round_figures
 
         runs = read_rounds(args.rounds_file)
+        try:
+            prefixes = list(group_runs(runs))
+        except PlotError as err:
+            raise PlotError(f"{args.rounds_file}: {err}") from None
+        outputs = [out / f"{prefix}_{name}.png" for prefix in prefixes for name in FIGURES]
+        refuse_inputs_as_outputs(outputs, [args.rounds_file], "--out")
         written = write_round_figures(runs, out, args.dpi)
     else:
         # Study figures need optuna; imported here so that round figures stay light.
+        from sim.figures.study_figures import FIGURES as STUDY_FIGURES
         from sim.figures.study_figures import write_study_figures
-        from sim.tuning.storage import open_study, storage_in
+        from sim.tuning.storage import open_study, storage_file, storage_in
 
         baseline = _baseline(args.baseline_trial)
         storage = args.storage or storage_in(Path(args.study_dir))
         study = open_study(storage, args.study)
+        outputs = [out / f"{file_part(study.study_name)}_{kind}.png" for kind in STUDY_FIGURES]
+        refuse_inputs_as_outputs(outputs, [file for file in [storage_file(storage)] if file], "--out")
         written, notes = write_study_figures(study, out, args.dpi, baseline)
     for path in written:
         print(path)

@@ -2,7 +2,10 @@
 
 One trace per prompt (sim/hardware/record.py): token ids and top-1 minus top-2
 logit margins, flushed to `NAME.jsonl.partial` as they land and renamed to
-`NAME.jsonl` at the end.
+`NAME.jsonl` at the end. NAME is the prompt file's name, or a trace's header
+name; it must be a plain file name, so every output stays inside `--out`.
+Before any model is loaded the command refuses an output that is one of its
+inputs, and an output that exists already unless `--force` is given.
 """
 
 from __future__ import annotations
@@ -12,14 +15,17 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sim import cli
 from sim.errors import UserError
+from sim.hardware.options import MAX_TOKENS, MAX_TOP, add_model_args, bounded, check_model_args, model_files
+
+if TYPE_CHECKING:
+    from sim.hardware.prompts import PromptFile
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sim.hardware.model import add_model_args
-
     parser = cli.Parser(
         prog="python -m sim.record",
         description="Record one trace per prompt from a plain greedy decode run of a real model "
@@ -30,16 +36,26 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="PROMPT",
         help="prompt text files (.txt, UTF-8; the final newline is dropped), or trace files "
-        "(.jsonl) whose prompt tokens are reused; the trace is named after the file",
+        "(.jsonl) whose prompt tokens are reused; the trace is named after the file (a trace: its header's name)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for NAME.jsonl (created if missing)")
-    parser.add_argument("--max-tokens", type=int, default=400, help="token cap per prompt (default 400)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace NAME.jsonl and NAME.jsonl.partial that exist in --out (never one of the prompts)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=400,
+        help=f"token cap per prompt, 1..{MAX_TOKENS} and within the model's positions (default 400)",
+    )
     parser.add_argument(
         "--top",
         type=int,
         default=0,
         metavar="K",
-        help="also record the top K [id, logit] candidates per token (default 0: margins only)",
+        help=f"also record the top K [id, logit] candidates per token, 0..{MAX_TOP} (default 0: margins only)",
     )
     parser.add_argument(
         "--no-chat-template",
@@ -57,26 +73,78 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _record(args: argparse.Namespace, argv: list[str]) -> int:
-    from sim.hardware.model import model_from_args, versions
-    from sim.hardware.record import prompt_source, record_one
+    from sim.hardware.options import check_positions, check_prompt, require_torch
+    from sim.io import check_out_folder, refuse_inputs_as_outputs
 
-    if args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if args.top < 0:
-        raise UserError(f"--top must be >= 0, got {args.top}")
+    bounded(args.max_tokens, "--max-tokens", 1, MAX_TOKENS)
+    bounded(args.top, "--top", 0, MAX_TOP)
+    check_model_args(args)
+    out = check_out_folder(args.out, "--out")
+    prompts = _read_prompts(args.prompts)
+    outputs = _outputs(out, [p.name for p in prompts])
+    refuse_inputs_as_outputs(outputs, [*args.prompts, *model_files(args)], "--out")
+    _refuse_existing(outputs, args.force)
+
+    require_torch("python -m sim.record")
+    from sim.hardware.model import model_from_args, model_limits, versions
+    from sim.hardware.prompts import encode
+    from sim.hardware.record import record_one
+
+    limits = model_limits(args)  # from the configuration: bad prompts are refused before the weights load
+    for prompt in prompts:
+        if prompt.tokens is not None:
+            check_prompt(prompt.tokens, limits, prompt.where)
+            check_positions(prompt.path, len(prompt.tokens), args.max_tokens, limits, "lower --max-tokens")
     lm = model_from_args(args)
-    sources = [prompt_source(p, lm.prompter, not args.no_chat_template) for p in args.prompts]
-    names = [name for name, _, _ in sources]
-    if len(set(names)) < len(names):
-        raise UserError(f"two prompts would write the same trace name: {', '.join(sorted(names))}")
+    encoded = []
+    for prompt in prompts:
+        tokens, meta = encode(prompt, lm.prompter, not args.no_chat_template)
+        check_prompt(tokens, limits, prompt.where)  # a checkpoint's tokenizer may know more ids than its model
+        check_positions(prompt.path, len(tokens), args.max_tokens, limits, "lower --max-tokens")
+        encoded.append((prompt, tokens, meta))
     command = "python -m sim.record " + shlex.join(argv)
     stack = versions()
-    for name, prompt, meta in sources:
+    for prompt, tokens, meta in encoded:
         path, count, stop = record_one(
-            lm, name, prompt, meta, Path(args.out), args.max_tokens, args.top, stack, command
+            lm, prompt.name, tokens, meta, out, args.max_tokens, args.top, stack, command, force=args.force
         )
-        print(f"{path}: {len(prompt)} prompt tokens, {count} tokens, stop={stop}")
+        print(f"{path}: {len(tokens)} prompt tokens, {count} tokens, stop={stop}")
     return 0
+
+
+def _read_prompts(paths: list[str]) -> list[PromptFile]:
+    from sim.hardware.prompts import read_prompt
+    from sim.io import same_file
+
+    prompts: list[PromptFile] = []
+    for path in paths:
+        for earlier in prompts:
+            if same_file(earlier.path, path):
+                raise UserError(f"{path}: given twice as a prompt")
+        prompts.append(read_prompt(path))
+    names = [p.name for p in prompts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        files = ", ".join(p.path for p in prompts if p.name in twice)
+        raise UserError(f"two prompts would write the same trace {twice[0]}.jsonl: {files}")
+    return prompts
+
+
+def _outputs(out: Path, names: list[str]) -> list[Path]:
+    from sim.hardware.prompts import output_paths
+
+    return [path for name in names for path in output_paths(out, name)]
+
+
+def _refuse_existing(outputs: list[Path], force: bool) -> None:
+    """Before any model is loaded: an output that exists is replaced only with --force, and never a folder."""
+    for path in outputs:
+        if path.is_dir() and not path.is_symlink():
+            raise UserError(f"--out: {path} is a folder; the trace cannot be written there")
+    existing = [str(p) for p in outputs if p.exists() or p.is_symlink()]
+    if existing and not force:
+        listed = ", ".join(existing[:5]) + (f" and {len(existing) - 5} more" if len(existing) > 5 else "")
+        raise UserError(f"--out: {listed} already exist(s); give --force to replace, or choose another --out")
 
 
 if __name__ == "__main__":

@@ -15,16 +15,27 @@ from pathlib import Path
 
 from policies import REGISTRY
 from sim import cli
-from sim.engine.config import PolicyConfig, load_config_file, make_config, parse_assignments, split_variant
-from sim.engine.costs import DEFAULT_PROFILE, bundled_profiles, load_profile
+from sim.engine.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
+from sim.engine.costs import DEFAULT_PROFILE, Profile, bundled_profiles, load_profile, resolve
 from sim.engine.loop import LoopParams
-from sim.engine.params import describe
-from sim.engine.replay import DEFAULT_RISK_MARGIN, ReplayRow, geomean, replay, require_widths
-from sim.engine.timing import Jitter
-from sim.engine.trace import read_trace
-from sim.errors import ConfigError
+from sim.engine.params import MAX_SPAN, describe
+from sim.engine.replay import (
+    DEFAULT_RISK_MARGIN,
+    MAX_REPLY_TOKENS,
+    ReplayRow,
+    check_max_tokens,
+    geomean,
+    replay,
+    require_widths,
+)
+from sim.engine.timing import MAX_SEED, Jitter
+from sim.engine.trace import Trace, read_trace
+from sim.errors import ConfigError, ProfileError, TraceError, UserError
 from sim.figures.rounds import Run, replay_rounds, rounds_text
-from sim.io import write_atomic
+from sim.io import refuse_inputs_as_outputs, same_file, write_atomic
+
+DEFAULT_POLICY = "gated"
+MAX_RISK_MARGIN = 1000.0  # logits: margins between the two best are a few units, never thousands
 
 
 def _policy_help() -> str:
@@ -52,20 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--policy",
-        default="gated",
         help="governor to replay under, optionally with settings: gated or gated:full_at=1.75 "
-        "(default: gated, mlxcel's CUDA default)",
+        f"(default: {DEFAULT_POLICY}, mlxcel's CUDA default)",
     )
     parser.add_argument(
         "--compare",
         metavar="P1,P2,...",
         help="compare several policies side by side, e.g. off,fixed,graded,gated,heuristic "
-        "(each may carry settings: gated:probation=any_token); replaces --policy",
+        "(each may carry settings: gated:probation=any_token); instead of --policy",
     )
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="a policy configuration YAML ({policy, params}), e.g. a study's best.yaml; replaces --policy",
+        help="a policy configuration YAML ({policy, params}), e.g. a study's best.yaml, instead of --policy "
+        "or --compare (--set and the flags below still apply on top of it); rows are labelled by the study "
+        "and trial its notes name, else config:FILE, with every parameter in --json",
     )
     parser.add_argument(
         "--profile",
@@ -81,25 +93,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="set a policy or loop parameter, repeatable (see the list below)",
     )
-    parser.add_argument("--max-draft", type=int, help="most tokens one round may propose (default 7)")
-    parser.add_argument("--ngram-min", type=int, help="shortest suffix the lookup matches (default 2)")
-    parser.add_argument("--ngram-max", type=int, help="longest suffix the lookup tries first (default 3)")
+    span = cli.int_in(1, MAX_SPAN)
+    parser.add_argument("--max-draft", type=span, help=f"most tokens one round may propose (1..{MAX_SPAN}; default 7)")
+    parser.add_argument("--ngram-min", type=span, help=f"shortest suffix the lookup matches (1..{MAX_SPAN}; default 2)")
     parser.add_argument(
-        "--max-tokens", type=int, help="stop generation earlier than the trace did (may only shorten it)"
+        "--ngram-max", type=span, help=f"longest suffix the lookup tries first (1..{MAX_SPAN}; default 3)"
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help=f"stop generation earlier than the trace did (may only shorten it; 1..{MAX_REPLY_TOKENS})",
     )
     parser.add_argument(
         "--jitter",
-        type=float,
+        type=cli.float_in(0.0, 1.0),
         default=0.0,
-        help="relative noise on every device and host time (lognormal sigma, e.g. 0.05; default 0)",
+        help="relative noise on every device and host time (lognormal sigma in [0, 1], e.g. 0.05; default 0)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the jitter generator (default 0)")
+    parser.add_argument(
+        "--seed",
+        type=cli.int_in(0, MAX_SEED),
+        default=0,
+        help=f"seed of the jitter generator (0..{MAX_SEED}; default 0)",
+    )
     parser.add_argument(
         "--risk-margin",
-        type=float,
-        default=DEFAULT_RISK_MARGIN,
+        type=cli.float_in(0.0, MAX_RISK_MARGIN),
         help="count drafted verifies that emitted a token whose top-1 minus top-2 logit margin is "
-        f"below this (traces with margins only; default {DEFAULT_RISK_MARGIN})",
+        f"below this (0..{MAX_RISK_MARGIN:g}; traces with margins only, a note says when none has them; "
+        f"default {DEFAULT_RISK_MARGIN})",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per trace, policy and profile (sorted keys)"
@@ -108,20 +130,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds-out",
         metavar="FILE.jsonl",
         help="also write every run round by round: per run a 'run' line (the --json row) followed "
-        "by one 'round' line per loop iteration (fields: docs/trace-format.md); plot with python -m sim.plot",
+        "by one 'round' line per loop iteration (fields: docs/trace-format.md); plot with python -m sim.plot. "
+        "It may not be one of the command's inputs (a trace, profile or config file)",
     )
     return parser
 
 
-def _configs(args: argparse.Namespace) -> list[PolicyConfig]:
+def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
+    """The configurations to replay, each with its label."""
     settings = parse_assignments(args.settings)
     for key in ("max_draft", "ngram_min", "ngram_max"):  # --max-draft and co. are shorthands for --set key=...
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
-    if args.config:
-        base = load_config_file(args.config)
-        return [make_config(base.policy, {**base.settings(), **settings})]
-    variants = args.compare.split(",") if args.compare else [args.policy]
+    if args.config is not None:
+        for flag, value in (("--compare", args.compare), ("--policy", args.policy)):
+            if value is not None:
+                raise ConfigError(
+                    f"--config {args.config} and {flag} cannot be combined: the file sets the policy "
+                    "(replay it alone, or name its settings in --compare)"
+                )
+        base, label = read_config_file(args.config)
+        config = make_config(base.policy, {**base.settings(), **settings})
+        changed = config.label(base).removeprefix(config.policy)  # ":key=value" per --set on top of the file
+        return [(config, label + changed)]
+    if args.compare is not None:
+        variants = args.compare.split(",")
+        if not all(variant.strip() for variant in variants):
+            raise ConfigError(f"--compare needs comma-separated policy names such as off,gated (got {args.compare!r})")
+    else:
+        variants = [args.policy or DEFAULT_POLICY]
     configs = []
     for variant in variants:
         name, own = split_variant(variant)
@@ -130,7 +167,7 @@ def _configs(args: argparse.Namespace) -> list[PolicyConfig]:
     twice = sorted({label for label in labels if labels.count(label) > 1})
     if twice:
         raise ConfigError(f"--compare lists the same configuration more than once: {', '.join(twice)}")
-    return configs
+    return [(config, config.label()) for config in configs]
 
 
 def _human(row: ReplayRow) -> str:
@@ -175,17 +212,54 @@ def _table(rows: list[ReplayRow], labels: list[str], profile: str) -> str:
     return "\n".join(out)
 
 
-def _check_rounds_out(path: str | None, traces: list[str]) -> None:
-    """Refuse, before any work, a rounds file that would overwrite an input trace or land in a missing folder."""
+def _check_rounds_out(path: str | None, traces: list[str], others: list[str]) -> None:
+    """Refuse, before any work, a rounds file that would overwrite one of the inputs (`traces` or the profile and
+    config files), replace something that is not a file, or land in a missing folder."""
     if path is None:
         return
-    target = Path(path).resolve()
-    if any(Path(trace).resolve() == target for trace in traces):
+    if any(same_file(path, trace) for trace in traces):
         raise ConfigError(f"--rounds-out {path} is one of the input traces; choose another file")
+    refuse_inputs_as_outputs([path], others, "--rounds-out")
+    target = Path(path)
     if target.is_dir():
-        raise ConfigError(f"--rounds-out {path} is a folder; give a file name such as {Path(path) / 'rounds.jsonl'}")
-    if not target.parent.is_dir():
-        raise ConfigError(f"--rounds-out {path}: folder {target.parent} does not exist")
+        raise ConfigError(f"--rounds-out {path} is a folder; give a file name such as {target / 'rounds.jsonl'}")
+    if target.exists() and not target.is_file():
+        raise ConfigError(f"--rounds-out {path} is not a regular file (a pipe, device or socket); give a file name")
+    if not target.resolve().parent.is_dir():
+        raise ConfigError(f"--rounds-out {path}: folder {target.resolve().parent} does not exist")
+
+
+def _once(paths: list[Path], error: type[UserError], what: str) -> None:
+    """Each input file once: the same file twice (under any spelling of its path) would repeat its rows."""
+    for i, later in enumerate(paths):
+        for earlier in paths[:i]:
+            if same_file(earlier, later):
+                raise error(f"{later}: the same {what} as {earlier}, given twice; give each {what} once")
+
+
+def _load_profiles(spec: str) -> tuple[list[Profile], list[Path]]:
+    paths = [resolve(name.strip()) for name in spec.split(",")]
+    _once(paths, ProfileError, "profile file")
+    profiles = [load_profile(str(path)) for path in paths]
+    for i, profile in enumerate(profiles):
+        for j in range(i):
+            if profiles[j].name == profile.name:
+                raise ProfileError(
+                    f"{paths[i]}: profile name {profile.name!r} is also that of {paths[j]}; their rows would mix "
+                    "(give one of them another 'name:')"
+                )
+    return profiles, paths
+
+
+def _margins_note(traces: list[Trace]) -> str | None:
+    """What an explicit --risk-margin cannot count: traces recorded without logit margins."""
+    without = [trace.name for trace in traces if all(m is None for m in trace.margins)]
+    if not without:
+        return None
+    return (
+        f"note: --risk-margin counts nothing on traces without logit margins: {', '.join(without)} "
+        "(record them with python -m sim.record to have margins)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,32 +268,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    configs = _configs(args)
-    profiles = [load_profile(name.strip()) for name in args.profile.split(",")]
+    arms = _configs(args)
+    configs = [config for config, _ in arms]
+    check_max_tokens(args.max_tokens)
+    profiles, profile_paths = _load_profiles(args.profile)
+    _once([Path(path) for path in args.traces], TraceError, "trace file")
     traces = [read_trace(path) for path in args.traces]
-    _check_rounds_out(args.rounds_out, args.traces)
+    others = [*map(str, profile_paths), *([args.config] if args.config else [])]
+    _check_rounds_out(args.rounds_out, args.traces, others)
     jitter = Jitter(args.jitter, args.seed)
-    require_widths(configs, profiles)
+    risk_margin = DEFAULT_RISK_MARGIN if args.risk_margin is None else args.risk_margin
+    for profile, path in zip(profiles, profile_paths, strict=True):
+        try:
+            require_widths(configs, [profile])
+        except ProfileError as err:
+            raise ProfileError(f"{path}: {err}") from None
     rows: list[ReplayRow] = []
     runs: list[Run] = []
     for profile in profiles:
         for trace in traces:
-            for config in configs:
+            for config, label in arms:
                 if args.rounds_out:
                     row, run = replay_rounds(
-                        trace, config, profile, args.max_tokens, jitter, risk_margin=args.risk_margin
+                        trace, config, profile, args.max_tokens, jitter, risk_margin=risk_margin, label=label
                     )
                     runs.append(run)
                 else:
-                    row = replay(trace, config, profile, args.max_tokens, jitter, risk_margin=args.risk_margin)
+                    row = replay(trace, config, profile, args.max_tokens, jitter, risk_margin=risk_margin, label=label)
                 rows.append(row)
     if args.rounds_out:
         write_atomic(args.rounds_out, rounds_text(runs))
+    note = _margins_note(traces) if args.risk_margin is not None else None
+    if note:
+        print(note, file=sys.stderr)
     if args.json:
         for row in rows:
-            print(json.dumps(row.as_dict(), sort_keys=True))
-    elif len(configs) > 1:
-        labels = [config.label() for config in configs]
+            print(json.dumps(row.as_dict(), sort_keys=True, allow_nan=False))
+    elif len(arms) > 1:
+        labels = [label for _, label in arms]
         for profile in profiles:
             print(_table([r for r in rows if r.profile.name == profile.name], labels, profile.name))
             print()

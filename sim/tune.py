@@ -1,10 +1,14 @@
 """Tune a policy family over traces x profiles: `python -m sim.tune studies/NAME.yaml`.
 
-Reads the study spec (sim/tuning/spec.py), opens or continues the optuna study
-in its storage (sim/tuning/storage.py), runs trials (sim/tuning/search.py) until
-this invocation has added --n-trials (or the study holds --max-trials, or
---timeout passes), then writes studies/NAME/: best.yaml, report.md and plots
-(sim/tuning/report.py).
+Reads the study spec (sim/tuning/spec.py), checks every input and output before
+writing anything, opens or continues the optuna study in its storage
+(sim/tuning/storage.py), runs trials (sim/tuning/search.py) until this
+invocation has started its --n-trials (or the study holds --max-trials, or
+--timeout passes), then writes the report folder, runs/NAME/ by default:
+best.yaml, report.md and plots (sim/tuning/report.py).
+
+Only light modules are imported at the top: optuna and the rest load inside
+the command's body, where Ctrl-C is one line.
 
 Testing aid: --sleep-per-trial S makes every trial sleep S seconds after
 choosing its parameters, so a test can kill a worker while a trial is RUNNING.
@@ -13,59 +17,90 @@ choosing its parameters, so a test can kill a worker while a trial is RUNNING.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
-
-import optuna
-import sqlalchemy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
 from sim import cli
-from sim.errors import StudyError
-from sim.io import check_out_folder
-from sim.tuning.evaluation import MatrixEvaluator
-from sim.tuning.report import write_report
-from sim.tuning.search import prepare, run_workers
-from sim.tuning.spec import StudySpec, check_widths, load_spec
-from sim.tuning.storage import parallel_storage, redacted
+
+MAX_TRIALS = 10**9  # as sim.tuning.spec.MAX_TRIALS
+MAX_WORKERS = 256
+EXIT_WORKER_DIED = 1
+
+EPILOG = """\
+where things go:
+  The study is kept in the spec's storage (default sqlite:///runs/NAME.db) and the report in --out (default
+  runs/NAME/), both relative to the folder you run in: your runs never touch the committed results in
+  studies/NAME/. Rerunning the same command continues the same study.
+
+several invocations at once (on one storage):
+  Each invocation's --n-trials counts the trials that invocation starts (over all its workers), so two
+  `--n-trials 60` runs started together add 120 trials. --max-trials is a global cap on the trials the study
+  holds (every invocation, worker and machine counted, retries included), exact across them. Every worker of
+  every invocation samples with its own seed, derived from the spec's seed and the invocation's number in the
+  study, so none repeats another's points; one worker per invocation, run in order, is deterministic.
+
+--workers N > 1 on a SQLite storage:
+  SQLite is not safe for parallel writers, so N workers use the journal file next to it (NAME.journal.log):
+  that is a separate study from the SQLite one (a line on stderr says so); continue it with --workers again.
+
+stopping:
+  Ctrl-C or SIGTERM while trials run: running trials are marked failed, every worker is stopped, the report
+  is written from the trials stored so far, then exit 130 (rerun the same command to continue). Ctrl-C at
+  any other moment: one `interrupted` line, exit 130. If the parent is killed outright, its workers get
+  SIGTERM from the kernel and stop too.
+
+exit status:
+  0 done; 1 a worker died (the error line says what killed it; the report is still written); 2 a usage or input
+  error (one `error:` line, nothing written); 130 interrupted.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.Parser(
         prog="python -m sim.tune",
         description="Search a policy family's parameters over a trace x profile matrix with optuna; rerunning "
-        "continues the same study; writes best.yaml, report.md and plots to studies/NAME/.",
+        "continues the same study; writes best.yaml, report.md and plots to runs/NAME/.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("spec", help="study spec YAML, e.g. studies/gated_gb10.yaml (keys: see sim/tuning/spec.py)")
     parser.add_argument(
-        "--n-trials", type=int, help="trials this invocation adds (default: the spec's n_trials; 0 = report only)"
+        "--n-trials",
+        type=cli.int_in(0, MAX_TRIALS),
+        help="trials this invocation starts, over all its workers (default: the spec's n_trials, or no own "
+        "limit with --max-trials; 0 = report only)",
     )
     parser.add_argument(
         "--max-trials",
-        type=int,
+        type=cli.int_in(1, MAX_TRIALS),
         metavar="TOTAL",
-        help="global cap: stop once the study holds TOTAL trials, counted over every worker and machine",
+        help="global cap: stop once the study holds TOTAL trials, counted over every worker, invocation and machine",
     )
     parser.add_argument(
-        "--timeout", type=float, metavar="S", help="stop starting trials after S seconds (default: the spec's timeout)"
+        "--timeout",
+        type=cli.float_in(0, 1e9, low_open=True),
+        metavar="S",
+        help="stop starting trials after S seconds (default: the spec's timeout)",
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=cli.int_in(1, MAX_WORKERS),
         default=1,
         help="worker processes on this machine (default 1); with N > 1 a SQLite storage is replaced "
-        "by the journal file next to it (studies/NAME.journal.log): continue it with --workers again",
+        "by the journal file next to it (runs/NAME.journal.log), a separate study: continue it with --workers again",
     )
     parser.add_argument(
         "--storage",
         help="optuna storage, overriding the spec's: sqlite:///FILE, "
         "postgresql+psycopg2://USER:PASS@HOST/DB (several machines) or FILE.journal.log",
     )
-    parser.add_argument("--out", help="report folder (default: studies/NAME/ beside the spec)")
+    parser.add_argument("--out", help="report folder (default: runs/NAME/ in the current folder)")
     parser.add_argument(
         "--heartbeat",
-        type=int,
+        type=cli.int_in(1, 3600),
         default=10,
         metavar="S",
         help="seconds between a running trial's heartbeats; a trial silent for 2*S is failed and retried (default 10)",
@@ -73,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (report.md and best.yaml only)")
     parser.add_argument(
         "--sleep-per-trial",
-        type=float,
+        type=cli.float_in(0, 3600),
         default=0.0,
         metavar="S",
         help="testing aid: sleep S seconds inside every trial, so a test can kill a worker mid-trial",
@@ -82,47 +117,107 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return cli.run(lambda: _tune(args))
+    return cli.run(lambda: _tune(build_parser().parse_args(argv)))
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops the command as Ctrl-C does (trials failed, workers stopped, the report written)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: signals are not ours to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _tune(args: argparse.Namespace) -> int:
-    if args.workers < 1:
-        raise StudyError(f"--workers must be >= 1, got {args.workers}")
-    spec = load_spec(args.spec)
-    out = check_out_folder(args.out or Path(spec.path).parent / spec.name, "--out")  # before the trials
-    storage_url = args.storage or spec.storage
-    if args.workers > 1:
-        storage_url = parallel_storage(storage_url)  # SQLite is not safe for parallel writers
-    try:
-        summary = _run_study(args, spec, storage_url, out)
-    except sqlalchemy.exc.SQLAlchemyError as err:
-        reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-        raise StudyError(f"storage {redacted(storage_url)}: {reason}") from None
+    with _sigterm_interrupts():
+        # Imported here, inside cli.run: Ctrl-C during these imports is one line, not a traceback.
+        import time
+
+        import optuna
+        import sqlalchemy
+
+        from sim.engine.costs import resolve
+        from sim.io import check_out_folder, refuse_inputs_as_outputs
+        from sim.tuning.evaluation import MatrixEvaluator
+        from sim.tuning.report import FIGURES, write_report
+        from sim.tuning.search import Limits, prepare, run_workers
+        from sim.tuning.spec import check_widths, default_out, load_spec
+        from sim.tuning.storage import check_storage, parallel_storage, redacted, storage_error, storage_file
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Everything is checked before the first file is written: a refused command leaves no trace.
+        spec = load_spec(args.spec)
+        out = check_out_folder(args.out or default_out(spec.name), "--out")
+        asked = args.storage or spec.storage
+        storage_url = parallel_storage(asked) if args.workers > 1 else asked  # SQLite is unsafe for parallel writers
+        check_storage(storage_url, writing=True)
+        outputs = [out / "best.yaml", out / "report.md", *(out / f"{kind}.png" for kind in FIGURES)]
+        local = storage_file(storage_url)
+        inputs = [args.spec, *spec.traces, *(resolve(p) for p in spec.profiles), *([local] if local else [])]
+        refuse_inputs_as_outputs(outputs, inputs, "--out")
+        matrix = MatrixEvaluator.load(spec.traces, spec.profiles)
+        check_widths(spec, matrix.widest())
+
+        if args.n_trials is not None:
+            own: int | None = args.n_trials
+        else:
+            own = None if args.max_trials is not None else spec.n_trials
+        timeout = args.timeout if args.timeout is not None else spec.timeout
+        limits = Limits(own=own, cap=args.max_trials, deadline=time.time() + timeout if timeout else None)
+        run = {"n_trials": own, "max_trials": args.max_trials, "workers": args.workers} if own != 0 else None
+        interrupted, problems = False, []
+        try:
+            study, _held, invocation = prepare(spec, storage_url, args.heartbeat, run)
+            if storage_url != asked:
+                print(
+                    f"note: --workers {args.workers} on SQLite: using the journal file {storage_url}, a separate "
+                    f"study from {redacted(asked)}; continue it with --workers again",
+                    file=sys.stderr,
+                )
+            if own != 0:
+                try:
+                    problems = run_workers(
+                        spec,
+                        storage_url,
+                        limits,
+                        invocation,
+                        args.workers,
+                        args.heartbeat,
+                        args.sleep_per_trial,
+                        study,
+                        matrix,
+                    )
+                except KeyboardInterrupt:
+                    interrupted = True
+                    print(
+                        "interrupted: reporting the trials stored so far; rerun the same command to continue",
+                        file=sys.stderr,
+                    )
+            summary = write_report(spec, matrix, study, storage_url, out, plots=not args.no_plots)
+        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
+            raise storage_error(storage_url, err) from None
     print(summary)
-    return 0
-
-
-def _run_study(args: argparse.Namespace, spec: StudySpec, storage_url: str, out: Path) -> str:
-    matrix = MatrixEvaluator.load(spec.traces, spec.profiles)
-    check_widths(spec, matrix.widest())
-    study, held = prepare(spec, storage_url, args.heartbeat)
-    n_trials = spec.n_trials if args.n_trials is None else args.n_trials
-    cap = held + n_trials  # the cap counts trials in every state, the baseline and retries included
-    if args.max_trials is not None:
-        cap = min(cap, args.max_trials) if args.n_trials is not None else args.max_trials
-    if n_trials or args.max_trials:  # what ran, so the report can say how to rebuild the study from scratch
-        run = {"n_trials": n_trials, "max_trials": args.max_trials, "workers": args.workers}
-        study.set_user_attr("invocations", [*study.user_attrs.get("invocations", []), run])
-    timeout = args.timeout if args.timeout is not None else spec.timeout
-    deadline = time.time() + timeout if timeout else None
-    try:
-        run_workers(spec, storage_url, cap, deadline, args.workers, args.heartbeat, args.sleep_per_trial, study, matrix)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the trials stored so far; rerun the same command to continue", file=sys.stderr)
-    return write_report(spec, matrix, study, storage_url, out, plots=not args.no_plots)
+    if problems:
+        print(
+            f"error: {'; '.join(problems)}; the report shows the trials stored so far (a trial a dead worker left "
+            "running is retried by the next run)",
+            file=sys.stderr,
+        )
+        return EXIT_WORKER_DIED
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # done: a late Ctrl-C cannot turn the exit into a traceback
+    sys.exit(code)

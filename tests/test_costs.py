@@ -4,6 +4,7 @@ and the problem."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -119,7 +120,11 @@ def test_width_below_one_is_rejected():
 
 GOOD = {"pipelined_ms": 10.0, "sync_ms": [12.0, 15.0]}
 BAD_PROFILES = [
-    ("unknown key", {**GOOD, "pipelined": 3}, "unknown key(s) pipelined; allowed: name, pipelined_ms, sync_ms"),
+    (
+        "unknown key",
+        {**GOOD, "pipelined": 3},
+        "unknown key(s) pipelined; allowed: name, contexts, pipelined_ms, sync_ms",
+    ),
     ("missing P", {"sync_ms": [12.0]}, "missing 'pipelined_ms'"),
     ("missing S", {"pipelined_ms": 10.0}, "missing 'sync_ms'"),
     ("P a string", {**GOOD, "pipelined_ms": "fast"}, "pipelined_ms must be a number of milliseconds, got 'fast'"),
@@ -152,7 +157,7 @@ def test_bad_profile_is_a_profile_error_naming_the_file(tmp_path, case, raw, fra
     with pytest.raises(ProfileError) as info:
         load_profile(str(path))
     message = str(info.value)
-    assert message.startswith(f"{path}: "), message
+    assert re.match(rf"{re.escape(str(path))}:\d+: ", message), message
     assert fragment in message, message
     assert "\n" not in message
 
@@ -192,3 +197,102 @@ def test_bundled_profiles_match_their_generator():
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_profile_errors_name_the_file_once_and_the_line_of_the_key(tmp_path):
+    """A bad value is reported as `FILE:LINE: ...` at the line of its key (a list entry at its own line), with the
+    file named once."""
+    path = tmp_path / "p.yaml"
+    cases = [
+        ("name: x\npipelined_ms: fast\nsync_ms: [12]\n", 2, "pipelined_ms must be a number"),
+        ("pipelined_ms: 10\nsync_ms:\n  - 12\n  - 14\n  - null\n", 5, "sync_ms[2] (width 3) must be a number"),
+        ("pipelined_ms: 10\nsync_ms: [12]\nprefill:\n  source: fit\n  fixed_ms: -3\n", 5, "prefill.fixed_ms"),
+        ("pipelined_ms: 10\nsync_ms: [12]\nextend: linear\n", 3, "extend must be one of"),
+    ]
+    for text, line, fragment in cases:
+        path.write_text(text)
+        with pytest.raises(ProfileError) as info:
+            load_profile(str(path))
+        message = str(info.value)
+        assert message.startswith(f"{path}:{line}: ") and fragment in message, message
+        assert message.count(str(path)) == 1, message
+
+
+ABSURD = [
+    ("P of 1e308 ms", {"pipelined_ms": 1e308, "sync_ms": [1e308]}, "pipelined_ms must be positive, between 1e-06"),
+    ("S of 1e7 ms", {"pipelined_ms": 10.0, "sync_ms": [12.0, 1e7]}, "sync_ms[1] (width 2) must be positive"),
+    ("P of 1e-9 ms", {"pipelined_ms": 1e-9, "sync_ms": [1e-9]}, "between 1e-06 and 1e+06 ms, got 1e-09"),
+    ("negative prefill", {**GOOD, "prefill": {"fixed_ms": -500.0}}, "prefill.fixed_ms must be between 0 and 1e+06"),
+    ("negative per token", {**GOOD, "prefill": {"per_prompt_token_ms": -0.1}}, "prefill.per_prompt_token_ms must"),
+    ("prefill of 1e308", {**GOOD, "prefill": {"fixed_ms": 1e308}}, "prefill.fixed_ms must be between 0 and 1e+06"),
+    ("1025 widths", {"pipelined_ms": 10.0, "sync_ms": [12.0] * 1025}, "at most 1024"),
+    ("name with a newline", {**GOOD, "name": "a\nb"}, "name must be a one-line text"),
+]
+
+
+@pytest.mark.parametrize("case, raw, fragment", ABSURD, ids=[c[0] for c in ABSURD])
+def test_absurd_costs_are_refused(case, raw, fragment):
+    """Costs outside 1e-6..1e6 ms, negative or absurd prefill, and names that break lines are refused, so no replay
+    can come out nan, infinite or exactly 1.0000x from a typo (and the timing model never sees a negative delay)."""
+    with pytest.raises(ProfileError, match=re.escape(fragment)):
+        profile_from_dict(raw, "x.yaml")
+
+
+def test_cost_bounds_hold_for_profiles_built_in_code():
+    """A CostProfile built directly (as sim.measure does) is held to the same bounds as a file."""
+    from sim.engine.costs import CostProfile
+
+    with pytest.raises(ProfileError, match="pipelined_ms must be positive"):
+        CostProfile(name="x", pipelined_ms=float("inf"), sync_ms=(12.0,))
+    with pytest.raises(ProfileError, match="prefill.fixed_ms must be between 0"):
+        CostProfile(name="x", pipelined_ms=10.0, sync_ms=(12.0,), prefill_fixed_ms=-1.0)
+
+
+def test_extreme_valid_profiles_give_finite_rows():
+    """At the edges of the bounds (1e-6 and 1e6 ms, prefill 1e6 ms) every number of a row is finite, so `--json`
+    never needs NaN or Infinity."""
+    from sim.engine.config import make_config
+    from sim.engine.replay import replay
+    from sim.engine.trace import read_trace
+
+    trace = read_trace(ROOT / "traces" / "email.jsonl")
+    for raw in (
+        {"pipelined_ms": 1e-6, "sync_ms": [1e-6] * 8},
+        {"pipelined_ms": 1e6, "sync_ms": [1e6] * 8, "prefill": {"fixed_ms": 1e6, "per_prompt_token_ms": 1e6}},
+        {"pipelined_ms": 1e-6, "sync_ms": [1e6] * 8, "prefill": {"fixed_ms": 0}},
+    ):
+        row = replay(trace, make_config("gated", {}), profile_from_dict(raw, "x.yaml"))
+        text = json.dumps(row.as_dict(), allow_nan=False)  # raises on any nan or inf
+        assert math.isfinite(row.speedup) and row.speedup > 0, text
+
+
+def test_generator_help_prints_usage_and_writes_nothing():
+    """`make_gb10.py --help` prints its usage and leaves every profile untouched (it used to rewrite them)."""
+    profiles = sorted(BUNDLED.glob("gb10-*.yaml"))
+    before = {p: p.stat().st_mtime_ns for p in profiles}
+    done = subprocess.run(
+        [sys.executable, "traces/profiles/make_gb10.py", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage: ") and "--check" in done.stdout, done.stdout
+    assert "wrote" not in done.stdout
+    assert {p: p.stat().st_mtime_ns for p in profiles} == before
+
+
+def test_generator_check_says_the_profiles_are_up_to_date():
+    """`make_gb10.py --check` ends with one line saying the four profiles are up to date, and writes nothing."""
+    profiles = sorted(BUNDLED.glob("gb10-*.yaml"))
+    before = {p: p.stat().st_mtime_ns for p in profiles}
+    done = subprocess.run(
+        [sys.executable, "traces/profiles/make_gb10.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("4 bundled profiles are up to date: ") and done.stdout.count("\n") == 1
+    assert {p: p.stat().st_mtime_ns for p in profiles} == before

@@ -1,5 +1,7 @@
 """Every governor rule of docs/governors.md, one behaviour per test, including the two variants measured on hardware."""
 
+import re
+
 import pytest
 
 from policies import policy_class
@@ -286,6 +288,41 @@ def test_invalid_values_are_config_errors():
         make_config("gated", {"average_weight": 0})
     with pytest.raises(ConfigError, match="ngram_min"):
         make_config("gated", {"ngram_min": 4, "ngram_max": 3})
+
+
+SIZE_BOUNDS = [
+    ("gated", {"max_draft": 1_000_000_000}, "max_draft must be in 1..64, got 1000000000"),
+    ("gated", {"max_draft": 65}, "max_draft must be in 1..64"),
+    ("gated", {"ngram_max": 1_000_000_000}, "ngram_max must be in 1..64"),
+    ("gated", {"ngram_min": 0}, "ngram_min must be in 1..64, got 0"),
+    ("gated", {"narrow_width": 65}, "narrow_width must be in 1..64"),
+    ("gated", {"shadow_confirm_length": 10**9}, "shadow_confirm_length must be in 1..64"),
+    ("gated", {"full_at": 1e308}, "full_at must be in -1000000..1000000"),
+    ("gated", {"start_average": -1e300}, "start_average must be in"),
+    ("graded", {"block_slope": 1e308}, "block_slope must be in -1000000..1000000, got 1e+308"),
+    ("graded", {"start_average": 1e7}, "start_average must be in"),
+    ("graded", {"block_offset": 10**20}, "block_offset must be in -64..64"),
+    ("heuristic", {"start": 10**9}, "start must be in 0..64"),
+    ("heuristic", {"grow": 100}, "grow must be in 0..64"),
+    ("gated", {"max_draft": "9" * 5000}, "max_draft must be int, got '99999"),
+]
+
+
+@pytest.mark.parametrize("policy, values, fragment", SIZE_BOUNDS, ids=[str(v) for _, v, _ in SIZE_BOUNDS])
+def test_sizes_and_magnitudes_are_bounded(policy, values, fragment):
+    """Token counts are at most 64 and real-valued parameters at most 1e6 in magnitude, wherever a configuration
+    comes from (command line, config file, study): a billion-token n-gram used to exhaust memory and a block_slope of
+    1e308 to overflow; the error names the parameter, its range and (cut short) the value."""
+    with pytest.raises(ConfigError, match=re.escape(fragment)) as info:
+        make_config(policy, values)
+    assert len(str(info.value)) < 200
+
+
+def test_largest_sizes_are_accepted():
+    """The bounds themselves are valid values."""
+    config = make_config("gated", {"max_draft": 64, "ngram_min": 64, "ngram_max": 64, "shadow_confirm_length": 64})
+    assert (config.loop.max_draft, config.loop.ngram_max, config.params.shadow_confirm_length) == (64, 64, 64)
+    assert make_config("graded", {"block_slope": -1e6, "start_average": 1e6}).params.block_slope == -1e6
 
 
 def test_defaults_are_mlxcel_shipped_values():

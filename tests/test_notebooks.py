@@ -4,7 +4,10 @@ against the bundled data, showing their figures and tables without a single erro
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tomllib
+import uuid
 
 import nbformat
 import pytest
@@ -85,3 +88,32 @@ def test_study_results_runs_a_tiny_study_and_shows_it(kernel_of_this_python, mon
     assert len(outputs(notebook, "image/png")) == 4
     html = "\n".join(outputs(notebook, "text/html"))
     assert "baseline: gated (shipped)" in html and "email / gb10-qwen3-8b-4bit" in html and "geomean" in html
+
+
+@pytest.mark.slow
+def test_study_results_takes_a_relative_storage_from_the_repository_root(kernel_of_this_python, monkeypatch):
+    """`DRAFTLAB_STUDY_STORAGE=sqlite:///results/...` names a file from the repository root, although the kernel
+    runs in notebooks/: the notebook opens that study rather than failing on a path that does not exist there."""
+    import optuna
+
+    folder = ROOT / "results" / f"test-notebook-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    try:
+        storage = f"sqlite:///{folder.relative_to(ROOT)}/given.db"
+        study = optuna.create_study(study_name="given", storage=f"sqlite:///{folder}/given.db", directions=["maximize"])
+        study.optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), n_trials=3)
+        monkeypatch.setenv("DRAFTLAB_STUDY_STORAGE", storage)
+        monkeypatch.delenv("DRAFTLAB_STUDY_NAME", raising=False)
+        notebook = execute("study_results.ipynb", kernel_of_this_python)
+        text = "\n".join(out.get("text", "") for cell in notebook.cells for out in cell.get("outputs", []))
+        assert "study given: 3 complete trials" in text
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_jupyter_comes_with_the_notebooks_extra():
+    """`pip install -e '.[notebooks]'` installs JupyterLab, and the README says so next to `jupyter lab notebooks/`."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("jupyterlab") for req in extras["notebooks"])
+    readme = (ROOT / "README.md").read_text()
+    assert "'.[notebooks]'" in readme and "jupyter lab notebooks/" in readme

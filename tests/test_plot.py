@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import ROOT
+from conftest import ROOT, assert_refused, run_main
 from matplotlib.artist import Artist
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
@@ -23,6 +23,7 @@ from sim.engine.costs import load_profile
 from sim.engine.replay import geomean, replay
 from sim.engine.timing import recurrence_timing
 from sim.engine.trace import read_trace
+from sim.errors import PlotError
 from sim.figures import style
 from sim.figures.study_figures import rows_figure, trial_rows
 from sim.plot import build_parser, main
@@ -327,3 +328,44 @@ def test_every_flag_has_help():
     for name, sub in subparsers.choices.items():
         for action in sub._actions:
             assert action.help, f"{name}: {action.dest} has no help"
+
+
+@pytest.mark.parametrize("dpi", ["20000", "601", "19", "-1"])
+def test_dpi_is_bounded_before_anything_is_drawn(tmp_path, capsys, dpi, rounds_file):
+    """--dpi takes 20..600 (20000 used to exhaust memory in the renderer): one usage error, no figure written."""
+    done = run_main(main, ["rounds", str(rounds_file), "--dpi", dpi, "--out", str(tmp_path / "figs")], capsys)
+    assert_refused(done, "argument --dpi: must be in 20..600")
+    assert not (tmp_path / "figs").exists()
+
+
+def test_round_figures_never_replace_their_input(tmp_path, capsys, rounds_file):
+    """A rounds file that sits where one of its figures would go is refused, not overwritten by the PNG."""
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    target = figs / "email_gb10-qwen3-8b-4bit_rounds.png"
+    target.write_bytes(rounds_file.read_bytes())
+    done = run_main(main, ["rounds", str(target), "--out", str(figs)], capsys)
+    assert_refused(done, f"--out would overwrite {target}")
+    assert target.read_bytes() == rounds_file.read_bytes() and sorted(os.listdir(figs)) == [target.name]
+
+
+def test_study_figures_never_replace_the_storage(tmp_path, capsys):
+    """A journal storage that sits where the study's history figure would go is refused, not overwritten."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    path = tmp_path / "demo_history.png"
+    study = optuna.create_study(study_name="demo", storage=JournalStorage(JournalFileBackend(str(path))))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    before = path.read_bytes()
+    done = run_main(main, ["study", "--storage", str(path), "--out", str(tmp_path)], capsys)
+    assert_refused(done, f"--out would overwrite {path}")
+    assert path.read_bytes() == before
+
+
+def test_save_refuses_a_figure_too_large_to_render(tmp_path):
+    """A figure that would be 65536 pixels or more on a side is a PlotError naming the file, before rendering."""
+    fig = Figure(figsize=(10, 120))
+    with pytest.raises(PlotError, match=r"fig\.png: a 6000 x 72000 pixel figure is too large to render"):
+        style.save(fig, tmp_path / "fig.png", dpi=600)
+    assert list(tmp_path.iterdir()) == []

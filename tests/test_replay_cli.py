@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl
+from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl, run_main
 
 from sim.engine.config import make_config
 from sim.engine.costs import DEFAULT_PROFILE, bundled_profiles, load_profile
@@ -60,9 +60,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def _main(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+    done = run_main(main, list(args), capsys)
+    return done.code, done.stdout, done.stderr
 
 
 def _json_rows(out: str) -> list[dict]:
@@ -103,10 +102,10 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "width beyond via --set": ([EMAIL, "--set", "max_draft=12"], ["width 13"]),
         "bad ngram bounds": ([EMAIL, "--ngram-min", "3", "--ngram-max", "2"], ["ngram_min"]),
         "missing config file": ([EMAIL, "--config", str(tmp_path / "best.yaml")], ["best.yaml: no such config file"]),
-        "negative jitter": ([EMAIL, "--jitter", "-0.1"], ["jitter must be a finite number in [0, 1]", "got -0.1"]),
-        "jitter above one": ([EMAIL, "--jitter", "1.5"], ["jitter must be a finite number in [0, 1]", "got 1.5"]),
-        "jitter not a number": ([EMAIL, "--jitter", "nan"], ["jitter must be a finite number in [0, 1]"]),
-        "negative seed": ([EMAIL, "--jitter", "0.05", "--seed", "-1"], ["seed must be >= 0, got -1"]),
+        "negative jitter": ([EMAIL, "--jitter", "-0.1"], ["--jitter: must be a finite number in [0, 1]", "got -0.1"]),
+        "jitter above one": ([EMAIL, "--jitter", "1.5"], ["--jitter: must be a finite number in [0, 1]", "got 1.5"]),
+        "jitter not a number": ([EMAIL, "--jitter", "nan"], ["--jitter: must be a finite number in [0, 1]"]),
+        "negative seed": ([EMAIL, "--jitter", "0.05", "--seed", "-1"], ["--seed: must be in 0..4294967295, got -1"]),
         "same configuration twice": ([EMAIL, "--compare", "gated,gated:full_at=1.5"], ["more than once: gated"]),
     }
 
@@ -241,17 +240,19 @@ def test_config_file_sets_policy_and_parameters(capsys, tmp_path):
     expected = replay(
         read_trace(EMAIL), make_config("gated", {"full_at": 1.75, "max_draft": 5}), load_profile(DEFAULT_PROFILE)
     )
-    assert row == json.loads(json.dumps(expected.as_dict()))
+    assert row == {**json.loads(json.dumps(expected.as_dict())), "label": "config:best.yaml"}
     _, out, _ = _main(capsys, EMAIL, "--config", str(path), "--set", "max_draft=3", "--json")
     assert _json_rows(out)[0]["params"]["max_draft"] == 3
+    assert _json_rows(out)[0]["label"] == "config:best.yaml:max_draft=3"
 
 
 def test_bad_config_file_is_an_error_line(capsys, tmp_path):
-    """A config file naming an unknown parameter fails with the file and the allowed keys, exit 2."""
+    """A config file naming an unknown parameter fails with the file, the parameter's line and the allowed keys,
+    exit 2."""
     path = tmp_path / "best.yaml"
-    path.write_text(yaml.safe_dump({"policy": "gated", "params": {"fullat": 1.75}}))
+    path.write_text(yaml.safe_dump({"policy": "gated", "params": {"fullat": 1.75}}))  # fullat on line 2
     code, _, err = _main(capsys, EMAIL, "--config", str(path))
-    assert code == 2 and err.startswith(f"error: {path}: unknown parameter(s) fullat") and err.count("\n") == 1
+    assert code == 2 and err.startswith(f"error: {path}:2: unknown parameter(s) fullat") and err.count("\n") == 1
 
 
 def test_several_profiles_give_rows_for_each(capsys):
@@ -318,3 +319,127 @@ def test_every_flag_has_help():
     """Every command-line option carries help text."""
     for action in build_parser()._actions:
         assert action.help, action.option_strings
+
+
+# --------------------------------------------------------------- notes, labels and combinations
+
+
+def test_risk_margin_on_traces_without_margins_says_so(capsys, tmp_path):
+    """An explicit --risk-margin on traces recorded without logit margins prints one `note:` line on stderr naming
+    them, stdout unchanged; without the flag, or on traces that have margins, there is no note."""
+    plain = _main(capsys, EMAIL, "--json")
+    code, out, err = _main(capsys, EMAIL, str(BUNDLED_TRACES[0]), "--risk-margin", "0.3")
+    assert code == 0
+    assert err.count("\n") == 1 and err.startswith("note: --risk-margin counts nothing on traces without logit margins")
+    assert f"email, {BUNDLED_TRACES[0].stem}" in err or f"{BUNDLED_TRACES[0].stem}, email" in err
+    assert plain[2] == ""  # no flag, no note
+    with_margins = tmp_path / "m.jsonl"
+    lines = [{**HEADER, "stop": "max_tokens"}] + [{"type": "token", "id": i % 3, "margin": 2.0} for i in range(12)]
+    with_margins.write_text(jsonl(*lines))
+    code, _, err = _main(capsys, str(with_margins), "--risk-margin", "0.3")
+    assert code == 0 and err == ""
+
+
+def test_config_rows_are_labelled_by_study_and_trial_with_parameters_in_json(capsys, tmp_path):
+    """A best.yaml whose notes name its study and trial labels its rows `STUDY trial N` (the committed one:
+    `gated_gb10 trial 858`), not every parameter at full precision; --json still carries every parameter, and a
+    --set on top of it is added to the label."""
+    best = ROOT / "studies" / "gated_gb10" / "best.yaml"
+    code, out, _ = _main(capsys, EMAIL, "--config", str(best))
+    assert code == 0 and out.startswith("email | gated_gb10 trial 858 | gb10-qwen3-8b-4bit\n"), out
+    _, out, _ = _main(capsys, EMAIL, "--config", str(best), "--json")
+    (row,) = _json_rows(out)
+    assert row["label"] == "gated_gb10 trial 858"
+    assert row["params"] == yaml.safe_load(best.read_text())["params"]
+    _, out, _ = _main(capsys, EMAIL, "--config", str(best), "--set", "max_draft=4", "--json")
+    assert _json_rows(out)[0]["label"] == "gated_gb10 trial 858:max_draft=4"
+    other = tmp_path / "mine.yaml"
+    other.write_text("policy: graded\nnotes: tried by hand\nparams: {block_slope: 1.2345678901234}\n")
+    _, out, _ = _main(capsys, EMAIL, "--config", str(other), "--json")
+    assert _json_rows(out)[0]["label"] == "config:mine.yaml"
+
+
+def test_compare_with_an_empty_list_is_an_error_not_the_default_policy(capsys):
+    """`--compare ""` is refused (it used to replay --policy's default silently)."""
+    code, out, err = _main(capsys, EMAIL, "--compare", "")
+    assert code == 2 and out == "" and err.startswith("error: --compare needs comma-separated policy names")
+
+
+def test_config_with_compare_is_an_error_not_a_dropped_flag(capsys):
+    """`--config FILE --compare ...` is refused (it used to drop --compare silently)."""
+    best = str(ROOT / "studies" / "gated_gb10" / "best.yaml")
+    code, out, err = _main(capsys, EMAIL, "--config", best, "--compare", "off,gated")
+    assert code == 2 and out == "" and f"--config {best} and --compare cannot be combined" in err
+
+
+def test_duplicate_traces_and_profiles_are_errors_not_repeated_rows(capsys):
+    """The same trace or profile twice (by another spelling too) is one error line, not a table with repeated
+    rows."""
+    code, out, err = _main(capsys, EMAIL, str(ROOT / "traces" / "." / "email.jsonl"), "--compare", "off,gated")
+    assert code == 2 and out == "" and "given twice" in err
+    profile = str(ROOT / "traces" / "profiles" / f"{DEFAULT_PROFILE}.yaml")
+    code, out, err = _main(capsys, EMAIL, "--profile", f"{DEFAULT_PROFILE},{profile}")
+    assert code == 2 and out == "" and "given twice" in err
+
+
+def test_rounds_out_onto_the_profile_or_config_is_refused_and_leaves_them(capsys, tmp_path):
+    """--rounds-out naming the --profile or --config file is refused before any work; both files keep their bytes."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text((ROOT / "traces" / "profiles" / f"{DEFAULT_PROFILE}.yaml").read_text())
+    config = tmp_path / "best.yaml"
+    config.write_text("policy: gated\n")
+    for args, target in (
+        (["--profile", str(profile)], profile),
+        (["--config", str(config)], config),
+    ):
+        before = target.read_bytes()
+        code, out, err = _main(capsys, EMAIL, *args, "--rounds-out", str(target))
+        assert code == 2 and out == "" and f"--rounds-out would overwrite {target}" in err
+        assert target.read_bytes() == before
+
+
+def test_size_flags_are_bounded_with_their_range(capsys):
+    """--ngram-max, --ngram-min and --max-draft accept 1..64 (a huge value used to exhaust memory), also through
+    --set; --max-tokens is bounded too."""
+    for args, fragment in (
+        (["--ngram-max", "1000000000"], "argument --ngram-max: must be in 1..64"),
+        (["--max-draft", "65"], "argument --max-draft: must be in 1..64"),
+        (["--set", "ngram_max=1000000000"], "ngram_max must be in 1..64"),
+        (["--max-tokens", str(10**9)], "--max-tokens must be >= 1 and at most 100000000"),
+    ):
+        code, _, err = _main(capsys, EMAIL, *args)
+        assert code == 2 and fragment in err, err
+
+
+@pytest.mark.parametrize(
+    "flag, text",
+    [
+        ("--config", "policy: gated\nparams: {max_draft: 0}\n"),
+        ("--config", "policy: nope\n"),
+        ("--config", "policy: gated\nparams: {full_at: x}\n"),
+        ("--profile", "pipelined_ms: fast\nsync_ms: [12]\n"),
+        ("--profile", "pipelined_ms: 10\nsync_ms: [12, null]\n"),
+        ("--profile", "pipelined_ms: 10\nsync_ms: [9]\n"),
+    ],
+)
+def test_file_errors_name_the_file_once(capsys, tmp_path, flag, text):
+    """A bad --config or --profile file is named once in the error line (never `X.yaml: X.yaml: ...`)."""
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    code, _, err = _main(capsys, EMAIL, flag, str(path))
+    assert code == 2 and err.startswith(f"error: {path}:") and err.count(str(path)) == 1, err
+
+
+def test_json_never_prints_nan(capsys, monkeypatch):
+    """Were a row ever non-finite (a bug upstream), --json fails loudly instead of printing NaN or Infinity, which
+    strict JSON readers refuse."""
+    import dataclasses
+    import math
+
+    import sim.replay
+
+    real = sim.replay.replay
+    monkeypatch.setattr(sim.replay, "replay", lambda *a, **k: dataclasses.replace(real(*a, **k), time_ms=math.nan))
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        main([EMAIL, "--json"])
+    assert "NaN" not in capsys.readouterr().out

@@ -6,6 +6,7 @@ emitted them."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from itertools import pairwise
 
@@ -29,6 +30,7 @@ from sim.figures.rounds import (
     replay_rounds,
     reply_html,
     round_records,
+    rounds_text,
     token_roles,
 )
 from sim.replay import main
@@ -211,3 +213,51 @@ def test_token_roles_and_reply_html_cover_every_token():
     assert html.count("&lt;") == len(trace.tokens)  # token text is escaped, never raw markup
     for colour, _ in ROLE_STYLE.values():
         assert colour in html
+
+
+def _real_rounds() -> list[dict]:
+    row = replay_rounds(read_trace(EMAIL), make_config("gated", {}), PROFILE)[1]
+    return [json.loads(line) for line in rounds_text([row]).splitlines()]
+
+
+FIELD_CASES = [
+    ("string time", 2, "end_ms", "120.5", "'end_ms' must be a number"),
+    ("unknown kind", 2, "kind", "jump", "'kind' must be one of step, read, sync"),
+    ("bool width", 2, "width", True, "'width' must be an integer"),
+    ("int flag", 2, "drafted", 0, "'drafted' must be true or false"),
+    ("huge time", 2, "start_ms", 1e300, "'start_ms' must be a number in"),
+    ("float count", 0, "rounds", 119.0, "'rounds' must be an integer"),
+    ("label not text", 0, "label", ["gated"], "'label' must be a one-line text"),
+    ("profile without a name", 0, "profile", {"sha256": ""}, "'profile' must be a mapping with a one-line 'name'"),
+    ("negative speedup", 0, "speedup", -1.0, "'speedup' must be a positive number"),
+]
+
+
+@pytest.mark.parametrize("case, index, key, value, message", FIELD_CASES, ids=[c[0] for c in FIELD_CASES])
+def test_read_rounds_checks_every_field_it_draws(tmp_path, case, index, key, value, message):
+    """A run or round line whose field has the wrong type or an absurd value (a string time, a kind not among
+    step/read/sync, a bool for a count) is refused at its line, instead of being drawn."""
+    lines = _real_rounds()
+    lines[index][key] = value
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(o) + "\n" for o in lines))
+    with pytest.raises(RoundsError, match=rf"^{re.escape(str(path))}:{index + 1}: {re.escape(message)}"):
+        read_rounds(path)
+
+
+def test_read_rounds_refuses_a_fifo_without_opening_it(tmp_path):
+    """A named pipe is refused before it is opened (opening it would wait for a writer forever)."""
+    import os
+
+    path = tmp_path / "r.jsonl"
+    os.mkfifo(path)
+    with pytest.raises(RoundsError, match="not a regular file"):
+        read_rounds(path)
+
+
+def test_rounds_file_never_holds_nan(tmp_path):
+    """rounds_text refuses to write a non-finite number rather than write NaN, which no reader accepts."""
+    from sim.figures.rounds import Run
+
+    with pytest.raises(ValueError):
+        rounds_text([Run({"time_ms": math.nan}, [])])

@@ -38,12 +38,12 @@ def error_of(tmp_path: Path, text: str) -> str:
 
 
 def test_a_good_spec_loads_with_its_defaults(tmp_path):
-    """Defaults: geomean objective, seeded TPE, 100 trials, a SQLite file under studies/, the shipped policy as
+    """Defaults: geomean objective, seeded TPE, 100 trials, a SQLite file under runs/, the shipped policy as
     baseline."""
     spec = load_spec(write(tmp_path, GOOD))
     assert spec.objectives == ("geomean_speedup",)
     assert (spec.sampler, spec.seed, spec.n_trials) == ("tpe", 0, 100)
-    assert spec.storage == "sqlite:///studies/tiny.db"
+    assert spec.storage == "sqlite:///runs/tiny.db"
     assert spec.baseline.label() == "gated"
     assert [d.name for d in spec.search_space] == ["full_at", "max_draft", "probation"]
     assert spec.search_space[1].kind == "int" and spec.search_space[2].choices == ("whole_narrow", "any_token")

@@ -359,6 +359,13 @@ def test_negative_jitter_seed_is_a_config_error():
         Jitter(0.05, -1)
 
 
+def test_jitter_seed_beyond_32_bits_is_a_config_error():
+    """Seeds are 0..2^32-1: the largest is accepted, one more is refused with the range."""
+    assert Jitter(0.05, 2**32 - 1).seed == 2**32 - 1
+    with pytest.raises(ConfigError, match="at most 4294967295, got 4294967296"):
+        Jitter(0.05, 2**32)
+
+
 def test_jitter_bounds_are_allowed():
     """Sigma 0 and 1 and seed 0 are valid; no jitter is sigma 0, seed 0."""
     assert Jitter(0.0, 0) == NO_JITTER

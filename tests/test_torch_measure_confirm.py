@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -49,17 +52,18 @@ def profile(tmp_path_factory):
 
 
 def test_measure_writes_a_profile_replay_accepts(profile, capsys):
-    """The profile holds P, S(1..8) and a prefill line, names model, machine, versions, date and command, loads as a
-    cost profile, and `sim.replay --profile PATH` runs on it."""
+    """The profile holds P, S(1..16) (the default width, covering every committed configuration) and a prefill line,
+    names model, machine, versions, date and command, loads as a cost profile, and `sim.replay --profile PATH` runs on
+    it."""
     raw = yaml.safe_load(profile.read_text())
-    assert len(raw["sync_ms"]) == 8 and raw["pipelined_ms"] > 0
+    assert len(raw["sync_ms"]) == 16 and raw["pipelined_ms"] > 0
     assert raw["pipelined_ms"] <= raw["sync_ms"][0]  # host gap >= 0
     assert set(raw["prefill"]) == {"fixed_ms", "per_prompt_token_ms", "source"}
     assert "tiny" in raw["model"] and "float32" in raw["model"]
     assert "torch" in raw["machine"] and "transformers" in raw["machine"] and raw["date"]
     assert "python -m sim.measure --out" in raw["source"]
     loaded = load_profile(str(profile))
-    assert loaded.name == "tiny-cpu" and loaded.max_width == 8
+    assert loaded.name == "tiny-cpu" and loaded.max_width == 16
     capsys.readouterr()
     assert replay.main([str(ROOT / "traces" / "email.jsonl"), "--profile", str(profile), "--policy", "gated"]) == 0
     assert "tiny-cpu" in capsys.readouterr().out
@@ -190,3 +194,108 @@ def test_measure_bad_input_is_one_error_line(tmp_path, capsys):
     assert measure_cli.main(["--out", str(out), "--prefill-lengths", "64", *MODEL]) == 2
     assert "--prefill-lengths needs at least two different lengths" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_record_measure_confirm_with_the_committed_best_configuration(profile, tmp_path, capsys):
+    """The README's chain: a trace recorded by sim.record, a profile measured by sim.measure with its default widths,
+    and sim.confirm of the committed studies/gated_gb10/best.yaml (max_draft 9, width 10) beside graded and gated; the
+    confirm run shows a progress bar with an estimate of the time left on stderr."""
+    prompt = tmp_path / "repeats.jsonl"
+    write_trace(prompt, {"prompt_tokens": [5, 6, 7, 8] * 8, "stop": "max_tokens"}, [1])
+    assert record.main([str(prompt), "--out", str(tmp_path / "rec"), "--max-tokens", "40", *MODEL]) == 0
+    best = ROOT / "studies" / "gated_gb10" / "best.yaml"
+    out = tmp_path / "confirm"
+    argv = [str(tmp_path / "rec" / "repeats.jsonl"), str(ROOT / "traces" / "email.jsonl"), "--scripted"]
+    argv += ["--profile", str(profile), "--policies", "graded,gated", "--config", str(best), "--reps", "1"]
+    argv += ["--max-tokens", "30", "--out", str(out), *MODEL]
+    capsys.readouterr()
+    assert confirm.main(argv) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert re.search(r"confirm: 100%.* 12/12 \[\d\d:\d\d<\d\d:\d\d, ", err), err
+    rows = json.loads((out / "confirm.json").read_text())["rows"]
+    labels = {r["arm"] for r in rows}
+    assert len(rows) == 8 and {"plain", "graded", "gated"} < labels
+    best_rows = [r for r in rows if r["arm"].startswith("best.yaml:")]
+    assert len(best_rows) == 2 and all(r["counters_match"] and r["parity"] for r in best_rows)
+
+
+def test_confirm_names_the_missing_width_and_the_measure_flag(tmp_path, capsys):
+    """A profile measured with --max-width 8 cannot price the committed best.yaml (max_draft 9): one line naming the
+    profile, the width 10 it lacks and `sim.measure --max-width 10`, before any model is loaded."""
+    narrow = tmp_path / "narrow.yaml"
+    assert measure_cli.main(["--out", str(narrow), *QUICK, "--max-width", "8", *MODEL]) == 0
+    capsys.readouterr()
+    best = str(ROOT / "studies" / "gated_gb10" / "best.yaml")
+    argv = [str(ROOT / "traces" / "email.jsonl"), "--profile", str(narrow), "--config", best, "--out", str(tmp_path)]
+    assert confirm.main([*argv, *MODEL]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {narrow}: profile narrow measures verify widths 1..8")
+    assert "(max_draft=9) needs width 10" in err and "python -m sim.measure --max-width 10" in err
+    assert not (tmp_path / "confirm.json").exists()
+
+
+def test_measure_refuses_a_context_past_the_model_positions(tmp_path, capsys):
+    """--prompt-tokens beyond the model's positions (tiny: 4096), or a size no run needs: one line naming the flag,
+    what it needs and what the model has, exit 2, no profile."""
+    out = tmp_path / "p.yaml"
+    assert measure_cli.main(["--out", str(out), "--prompt-tokens", "5000", *MODEL]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: --prompt-tokens 5000 with 40 more positions for the step runs (--steps) and verify widths "
+        "(--max-width) needs 5040 positions; tiny has 4096 (max_position_embeddings): lower --prompt-tokens\n"
+    )
+    assert measure_cli.main(["--out", str(out), "--prompt-tokens", "100000000", *MODEL]) == 2
+    assert "--prompt-tokens must be <= 1048576, got 100000000" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_closed_loop_benchmark_shows_progress(tmp_path):
+    """benchmarks/closed_loop_cpu.py (as a smoke run on the tiny model) reports each measurement and the confirm runs
+    as progress bars with a rate and an estimate on stderr, and writes its results where --out says."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "closed_loop_cpu.py"),
+            "--arch",
+            "tiny",
+            "--reps",
+            "1",
+            "--rounds",
+            "3",
+            "--max-tokens",
+            "12",
+            "--out",
+            str(tmp_path / "clc"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    for phase in ("measure at 100", "measure at 400", "measure at 800", "confirm"):
+        assert re.search(rf"{phase}: 100%.*\[\d\d:\d\d<\d\d:\d\d, ", done.stderr), (phase, done.stderr)
+    result = json.loads((tmp_path / "clc.json").read_text())
+    assert result["max_tokens"] == 12 and all(r["generated_tokens"] == 12 for r in result["rows"])
+    assert (tmp_path / "clc.md").exists() and (tmp_path / "clc-profile.yaml").exists()
+
+
+def test_measure_with_contexts_writes_a_v2_profile_replay_accepts(tmp_path, capsys):
+    """`sim.measure --contexts 64,256` measures P and S(1..W) after a prefill of each length: a v2 profile with one
+    row per context, per-context medians and spreads in `measurements`, a prefill fitted at those lengths; replay
+    takes it and charges each forward at its own context."""
+    out = tmp_path / "grid.yaml"
+    args = ["--arch", "tiny", "--contexts", "64,256", "--max-width", "4", "--rounds", "2", "--warmup", "1"]
+    assert measure_cli.main([*args, "--out", str(out)]) == 0, capsys.readouterr().err
+    raw = yaml.safe_load(out.read_text())
+    assert raw["contexts"] == [64, 256]
+    assert len(raw["pipelined_ms"]) == 2 and [len(row) for row in raw["sync_ms"]] == [4, 4]
+    assert set(raw["measurements"]) == {"64", "256"}
+    assert {"median", "low", "high"} <= set(raw["measurements"]["64"]["pipelined_ms"])
+    assert "64" in raw["prefill"]["source"] and "256" in raw["prefill"]["source"]
+    loaded = load_profile(str(out))
+    assert loaded.max_width == 4
+    capsys.readouterr()
+    trace = str(ROOT / "traces" / "email.jsonl")
+    assert replay.main([trace, "--profile", str(out), "--max-draft", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["profile"]["contexts"] == [64, 256]

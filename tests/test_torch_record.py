@@ -121,7 +121,7 @@ def test_a_killed_recording_leaves_a_readable_partial(tmp_path, prompt_trace):
     out = tmp_path / "out"
     partial = out / "repeats.jsonl.partial"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sim.record", prompt_trace, "--out", str(out), "--max-tokens", "100000", *MODEL],
+        [sys.executable, "-m", "sim.record", prompt_trace, "--out", str(out), "--max-tokens", "4000", *MODEL],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -194,3 +194,101 @@ def test_missing_prompt_file_is_an_error(tmp_path, capsys):
     """A prompt file that does not exist is named in the one error line."""
     assert main([str(tmp_path / "nope.txt"), "--out", str(tmp_path), *MODEL]) == 2
     assert "nope.txt: no such prompt file" in capsys.readouterr().err
+
+
+def test_record_never_overwrites_its_own_input(tmp_path, capsys):
+    """A bundled trace copied into a folder and recorded with that folder as --out would land on itself: refused
+    before any model is loaded, with or without --force, and the reference trace is left byte for byte."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    source = scratch / "email.jsonl"
+    source.write_bytes((ROOT / "traces" / "email.jsonl").read_bytes())
+    for force in ([], ["--force"]):
+        argv = [str(source), "--out", str(scratch), "--max-tokens", "20", *force, *MODEL]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --out would overwrite {source}, one of this command's inputs; choose another path\n"
+    assert source.read_bytes() == (ROOT / "traces" / "email.jsonl").read_bytes()
+    assert sorted(p.name for p in scratch.iterdir()) == ["email.jsonl"]
+
+
+def test_header_names_never_leave_out(tmp_path, capsys):
+    """A trace header's name that is an absolute path or climbs out of --out is refused (one line naming the trace's
+    header line); the file it points at is untouched and nothing is written."""
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text("precious\n")
+    for name in (str(victim.with_suffix("")), "../victim", "sub/dir"):
+        prompt = tmp_path / "in" / "t.jsonl"
+        write_trace(prompt, {"name": name, "prompt_tokens": [5, 6, 7], "stop": "max_tokens"}, [1])
+        assert main([str(prompt), "--out", str(tmp_path / "out"), "--force", *MODEL]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith(f"error: {prompt}:1: trace name '{name[:20]}") and "cannot name a file inside --out" in err
+        )
+        assert err.count("\n") == 1
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_outputs_are_replaced_only_with_force(tmp_path, prompt_trace, capsys):
+    """Without --force an existing NAME.jsonl or a stale NAME.jsonl.partial is refused before any decoding, naming
+    both; with --force both are replaced (a symlink planted as the partial is replaced, its target untouched)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "repeats.jsonl").write_text("an earlier recording\n")
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not the recorder's\n")
+    (out / "repeats.jsonl.partial").symlink_to(target)
+    assert main([prompt_trace, "--out", str(out), "--max-tokens", "8", *MODEL]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'repeats.jsonl'}, {out / 'repeats.jsonl.partial'} already exist(s)" in err and "--force" in err
+    assert (out / "repeats.jsonl").read_text() == "an earlier recording\n"
+    assert main([prompt_trace, "--out", str(out), "--max-tokens", "8", "--force", *MODEL]) == 0
+    assert len(read_trace(out / "repeats.jsonl").tokens) == 8
+    assert not (out / "repeats.jsonl.partial").exists() and not (out / "repeats.jsonl.partial").is_symlink()
+    assert target.read_text() == "not the recorder's\n"
+
+
+def test_out_of_vocabulary_prompt_ids_are_refused_before_any_forward(tmp_path, capsys):
+    """Prompt ids that the trace format accepts but the model's vocabulary lacks: one line naming the trace's header
+    line and the vocabulary size, exit 2, nothing written (no IndexError from the embedding)."""
+    prompt = tmp_path / "wide.jsonl"
+    write_trace(prompt, {"prompt_tokens": [5, 6, 50304], "stop": "max_tokens"}, [1])
+    assert main([str(prompt), "--out", str(tmp_path / "out"), *MODEL]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {prompt}:1: prompt token 2 is id 50304, outside the vocabulary of tiny (50304 ids: 0..50303)\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_while_recording_is_one_line_and_leaves_a_readable_partial(tmp_path, prompt_trace):
+    """SIGINT in the middle of a recording: `interrupted` on stderr, exit 130, no traceback, and the `.partial` holds
+    the flushed lines, readable (with a warning) as a prefix of the full run."""
+    out = tmp_path / "out"
+    partial = out / "repeats.jsonl.partial"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.record", prompt_trace, "--out", str(out), "--max-tokens", "4000", *MODEL],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if partial.exists() and partial.read_text().count("\n") > 20:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr == "interrupted\n" and stdout == ""
+    assert not (out / "repeats.jsonl").exists()
+    with pytest.warns(UserWarning, match="partial trace"):
+        cut = read_trace(partial)
+    assert len(cut.tokens) >= 20
+    assert main([prompt_trace, "--out", str(tmp_path / "full"), "--max-tokens", str(len(cut.tokens)), *MODEL]) == 0
+    assert read_trace(tmp_path / "full" / "repeats.jsonl").tokens == cut.tokens

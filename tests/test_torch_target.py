@@ -183,3 +183,19 @@ def test_replay_never_imports_torch():
         "sim.record, sim.measure; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_command_line_names_match_the_models_and_limits_come_from_the_configuration():
+    """The architecture and dtype names the command lines offer without torch are exactly the model module's, and a
+    model's vocabulary and positions are read from its configuration without building it."""
+    import argparse
+
+    from sim.hardware.model import ARCHS, DTYPES, model_limits
+    from sim.hardware.options import ARCH_NAMES, DTYPE_NAMES
+
+    assert tuple(ARCHS) == ARCH_NAMES and tuple(DTYPES) == DTYPE_NAMES
+    limits = model_limits(argparse.Namespace(arch="tiny", model=None))
+    assert (limits.name, limits.vocab, limits.positions) == ("tiny", 50304, 4096)
+    assert model_limits(argparse.Namespace(arch="llama-3.1-8b", model=None)).positions == 131072
+    with pytest.raises(ModelError, match="--device must be cpu, cuda or cuda:N, got 'tpu'"):
+        load_model(arch="tiny", device="tpu")

@@ -147,6 +147,11 @@ HEADER_CASES = [
     ("eos ids empty", {**HEADER, "eos_token_ids": []}, "'eos_token_ids'"),
     ("source unknown", {**HEADER, "source": "dreamt"}, "'source' must be one of recorded, reference, synthetic"),
     ("model not a string", {**HEADER, "model": None}, "'model' must be a string"),
+    ("prompt id past any vocabulary", {**HEADER, "prompt_tokens": [1, 2**31]}, "token ids in 0..2147483647"),
+    ("eos id negative", {**HEADER, "eos_token_ids": [-1]}, "'eos_token_ids' must be a non-empty list"),
+    ("eos id past int64", {**HEADER, "eos_token_ids": [2**64]}, "token ids in 0..2147483647"),
+    ("name with a newline", {**HEADER, "name": "two\nlines"}, "'name' must be one line of text"),
+    ("name with a line separator", {**HEADER, "name": "a\u2029b"}, "'name' must be one line of text"),
 ]
 
 
@@ -170,6 +175,14 @@ TOKEN_CASES = [
     ("margin infinite", '{"type": "token", "id": 7, "margin": Infinity}', "Infinity is not a number"),
     ("top not pairs", {"type": "token", "id": 7, "top": [[7, 1.0, 2.0]]}, "'top' must be a list of [token id, logit]"),
     ("ms negative", {"type": "token", "id": 7, "ms": -1}, "'ms' must be a finite number >= 0"),
+    ("id past int32", {"type": "token", "id": 2**31}, "token id 2147483648 is beyond any vocabulary"),
+    ("id past int64", {"type": "token", "id": 2**63}, "is beyond any vocabulary (ids are 0..2147483647)"),
+    ("id of 5000 digits", '{"type": "token", "id": ' + "9" * 5000 + "}", "a 5000-digit integer"),
+    ("duplicate id key", '{"type": "token", "id": 7, "id": 8}', "duplicate key 'id'"),
+    ("duplicate margin key", '{"type": "token", "id": 7, "margin": 1.0, "margin": 0.1}', "duplicate key 'margin'"),
+    ("negative id in top", {"type": "token", "id": 7, "top": [[7, 2.0], [-1, 1.5]]}, "'top' must be a list of"),
+    ("huge id in top", {"type": "token", "id": 7, "top": [[2**40, 2.0]]}, "ids in 0..2147483647"),
+    ("nested too deeply", '{"type": "token", "id": 7, "top": ' + "[" * 100_000 + "]" * 100_000 + "}", "too deeply"),
 ]
 
 
@@ -303,9 +316,11 @@ def test_five_bundled_traces_read():
 
 
 def test_bundled_traces_match_their_generator():
-    """`traces/make_reference.py --check` regenerates all five traces byte for byte (exit 0, nothing stale)."""
+    """`traces/make_reference.py --check` regenerates all five traces byte for byte (exit 0, nothing stale) and says
+    so in one line."""
     done = subprocess.run(
         [sys.executable, "traces/make_reference.py", "--check"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "stale" not in done.stdout
+    assert done.stdout == "5 bundled traces are up to date: edit_fn, edit_json, summary, email, story\n"

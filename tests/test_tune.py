@@ -1,34 +1,41 @@
-"""`python -m sim.tune` on a tiny matrix: objectives, constraints, resume, pruning, reports and best.yaml."""
+"""`python -m sim.tune` on a tiny matrix: objectives, constraints, resume, pruning, reports and best.yaml, where
+runs go by default, rebuilding a report folder from its stated commands, seeds of later runs, lock files."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
-from conftest import BUNDLED_TRACES, ROOT
+from conftest import BUNDLED_TRACES, ROOT, snapshot
 
 from sim.engine.config import make_config
 from sim.engine.costs import load_profile
 from sim.engine.replay import replay
 from sim.engine.timing import recurrence_timing, simpy_timing
 from sim.engine.trace import read_trace
+from sim.errors import StudyError
 from sim.tune import main
 from sim.tuning.evaluation import MatrixEvaluator
+from sim.tuning.search import sampler_seed
 from sim.tuning.spec import load_spec
+from sim.tuning.storage import FlockJournalLock, open_lock_file
 
 TRACES = [str(ROOT / "traces" / "email.jsonl"), str(ROOT / "traces" / "edit_json.jsonl")]
 PROFILES = ["gb10-qwen3-1.7b-4bit", "gb10-qwen3-8b-4bit"]
 
 
 def spec_file(root: Path, name: str = "tiny", extra: str = "", space: str = "") -> Path:
-    """A small gated study in root/studies/NAME.yaml; its default storage is root/studies/NAME.db."""
+    """A small gated study in root/studies/NAME.yaml; run from root, its default storage is root/runs/NAME.db."""
     space = (
         space
         or """
@@ -48,7 +55,7 @@ def spec_file(root: Path, name: str = "tiny", extra: str = "", space: str = "") 
 
 
 def load(root: Path, name: str = "tiny") -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{root}/studies/{name}.db")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{root}/runs/{name}.db")
 
 
 def test_objective_equals_the_geomean_computed_by_hand_with_the_simpy_model(tmp_path, monkeypatch):
@@ -104,10 +111,10 @@ def test_infeasible_trials_are_kept_marked_and_never_best(tmp_path, monkeypatch)
     infeasible = [t for t in trials if t.constraints["min_row_speedup"] > 0]
     assert infeasible and len(infeasible) < len(trials)
     assert all(worst[t.number] < 0.99 for t in infeasible)
-    best = yaml.safe_load((tmp_path / "studies" / "tiny" / "best.yaml").read_text())
+    best = yaml.safe_load((tmp_path / "runs" / "tiny" / "best.yaml").read_text())
     best_trial = max((t for t in trials if t not in infeasible), key=lambda t: (t.value, -t.number))
     assert f"trial {best_trial.number}:" in best["notes"]
-    report = (tmp_path / "studies" / "tiny" / "report.md").read_text()
+    report = (tmp_path / "runs" / "tiny" / "report.md").read_text()
     assert f"({len(trials) - len(infeasible)} feasible, {len(infeasible)} infeasible: kept, marked" in report
 
 
@@ -118,8 +125,8 @@ def test_no_feasible_trial_writes_no_best_yaml(tmp_path, monkeypatch):
         main([str(spec_file(tmp_path, extra="constraints: {min_row_speedup: 5.0}\n")), "--n-trials", "3", "--no-plots"])
         == 0
     )
-    assert "No feasible completed trial yet" in (tmp_path / "studies" / "tiny" / "report.md").read_text()
-    assert not (tmp_path / "studies" / "tiny" / "best.yaml").exists()
+    assert "No feasible completed trial yet" in (tmp_path / "runs" / "tiny" / "report.md").read_text()
+    assert not (tmp_path / "runs" / "tiny" / "best.yaml").exists()
 
 
 def test_a_second_invocation_continues_the_same_study_with_the_baseline_as_trial_0(tmp_path, monkeypatch):
@@ -131,7 +138,7 @@ def test_a_second_invocation_continues_the_same_study_with_the_baseline_as_trial
     assert main([spec, "--n-trials", "3", "--no-plots"]) == 0
     study = load(tmp_path)
     assert [t.number for t in study.trials] == list(range(7))
-    assert len(optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/studies/tiny.db")) == 1
+    assert len(optuna.get_all_study_summaries(f"sqlite:///{tmp_path}/runs/tiny.db")) == 1
     first = study.trials[0]
     assert first.user_attrs["baseline"] is True
     assert first.params == {
@@ -187,7 +194,7 @@ def test_two_objectives_run_nsga2_and_report_the_pareto_front(tmp_path, monkeypa
     study = load(tmp_path)
     assert len(study.directions) == 2
     assert all(len(t.values) == 2 for t in study.trials)
-    out = tmp_path / "studies" / "tiny"
+    out = tmp_path / "runs" / "tiny"
     report = (out / "report.md").read_text()
     assert "## Pareto front (feasible)" in report
     pngs = ["history.png", "importances.png", "pareto.png", "rows.png"]
@@ -200,7 +207,7 @@ def test_best_yaml_round_trips_into_sim_replay(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec_path = spec_file(tmp_path)
     assert main([str(spec_path), "--n-trials", "6", "--no-plots"]) == 0
-    best_path = tmp_path / "studies" / "tiny" / "best.yaml"
+    best_path = tmp_path / "runs" / "tiny" / "best.yaml"
     best = yaml.safe_load(best_path.read_text())
     done = subprocess.run(
         [
@@ -236,7 +243,7 @@ def test_reports_and_plots_are_byte_identical_for_the_same_study(tmp_path, monke
         root.mkdir()
         monkeypatch.chdir(root)
         assert main([str(spec_file(root).relative_to(root)), "--n-trials", "15"]) == 0
-        out = root / "studies" / "tiny"
+        out = root / "runs" / "tiny"
         outputs.append(
             {
                 f: (out / f).read_bytes()
@@ -245,5 +252,116 @@ def test_reports_and_plots_are_byte_identical_for_the_same_study(tmp_path, monke
         )
     assert outputs[0] == outputs[1]
     report = outputs[0]["report.md"].decode()
-    for needle in ("optuna-dashboard sqlite:///studies/tiny.db", "## Every row", "edit_json", "sha256"):
+    for needle in ("optuna-dashboard sqlite:///runs/tiny.db", "## Every row", "edit_json", "sha256"):
         assert needle in report
+
+
+def test_user_runs_go_to_runs_and_never_touch_the_committed_results(tmp_path, monkeypatch):
+    """In a copy of the repository's layout, the README's command (run twice) writes runs/NAME.db and runs/NAME/,
+    the second run continues the first's study, and studies/NAME/ keeps its committed bytes."""
+    for name in ("traces", "studies"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    committed = snapshot(tmp_path / "studies")
+    for _ in range(2):
+        assert main(["studies/gated_gb10.yaml", "--n-trials", "3", "--no-plots"]) == 0
+    assert snapshot(tmp_path / "studies") == committed
+    study = optuna.load_study(study_name="gated_gb10", storage=f"sqlite:///{tmp_path}/runs/gated_gb10.db")
+    assert [t.number for t in study.trials] == list(range(6))
+    report = (tmp_path / "runs" / "gated_gb10" / "report.md").read_text()
+    assert "    python -m sim.tune studies/gated_gb10.yaml --n-trials 3\n" * 2 in report
+
+
+@pytest.mark.parametrize("name", ["gated_gb10", "graded_gb10"])
+def test_committed_reports_name_the_storage_and_folder_they_rebuild(name):
+    """A committed study's report states the command that rebuilds exactly that folder (its own storage and
+    --out), so neither the default runs/ nor a user's study is involved."""
+    report = (ROOT / "studies" / name / "report.md").read_text()
+    rebuild = report.split("## Reproduce", 1)[1].split("Then:", 1)[0]
+    commands = [line.strip() for line in rebuild.splitlines() if line.startswith("    python -m sim.tune")]
+    assert commands == [
+        f"python -m sim.tune studies/{name}.yaml --n-trials 1000 --storage sqlite:///studies/{name}.db "
+        f"--out studies/{name}"
+    ]
+
+
+@pytest.mark.slow
+def test_the_reproduce_commands_rebuild_the_folder_byte_for_byte(tmp_path, monkeypatch):
+    """Run a study in two invocations with --storage and --out, then run the commands its report states in a
+    fresh folder: report.md, best.yaml and every PNG come out byte-identical."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        spec_file(root)
+    monkeypatch.chdir(first)
+    flags = ["--storage", "sqlite:///store/tiny.db", "--out", "results/tiny"]
+    assert main(["studies/tiny.yaml", "--n-trials", "6", *flags]) == 0
+    assert main(["studies/tiny.yaml", "--n-trials", "5", *flags]) == 0
+    report = (first / "results" / "tiny" / "report.md").read_text()
+    rebuild = report.split("## Reproduce", 1)[1].split("Then:", 1)[0]
+    commands = [line.split()[3:] for line in rebuild.splitlines() if line.startswith("    python -m sim.tune")]
+    assert commands == [["studies/tiny.yaml", "--n-trials", n, *flags] for n in ("6", "5")]
+    monkeypatch.chdir(second)
+    for argv in commands:
+        assert main(argv) == 0
+    assert snapshot(second / "results") == snapshot(first / "results")
+    assert sorted(snapshot(first / "results")) == sorted(
+        f"tiny/{f}" for f in ("best.yaml", "history.png", "importances.png", "report.md", "rows.png")
+    )
+
+
+def test_no_feasible_trial_removes_an_earlier_best_yaml_and_offers_no_replay(tmp_path, monkeypatch):
+    """A study with no feasible trial, reported into a folder holding an earlier study's best.yaml: the stale
+    best.yaml is removed, the report says so and prints no replay command for it."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "shared"
+    good = spec_file(tmp_path, name="good")
+    assert main([str(good), "--n-trials", "3", "--no-plots", "--out", str(out)]) == 0
+    assert (out / "best.yaml").exists()
+    strict = spec_file(tmp_path, name="strict", extra="constraints: {min_row_speedup: 5.0}\n")
+    assert main([str(strict), "--n-trials", "3", "--no-plots", "--out", str(out)]) == 0
+    assert not (out / "best.yaml").exists()
+    report = (out / "report.md").read_text()
+    assert "No best.yaml was written. The best.yaml an earlier study had left in this folder was removed." in report
+    assert "sim.replay --config" not in report
+
+
+def test_later_invocations_sample_with_their_own_seeds(tmp_path, monkeypatch):
+    """Two invocations in turn on one seeded random-sampler study propose no point twice (the second does not
+    restart the first's random sequence); the first worker of the first invocation uses the spec's seed."""
+    monkeypatch.chdir(tmp_path)
+    spec = str(spec_file(tmp_path, space="\n  full_at: {low: 0.5, high: 3.0}\n  max_draft: {low: 2, high: 9}"))
+    assert main([spec, "--n-trials", "6", "--no-plots"]) == 0
+    assert main([spec, "--n-trials", "6", "--no-plots"]) == 0
+    points = [tuple(sorted(t.params.items())) for t in load(tmp_path).trials if not t.user_attrs.get("baseline")]
+    assert len(points) == 11 and len(set(points)) == 11
+    assert sampler_seed(7, 0, 0) == 7
+    seeds = {sampler_seed(7, invocation, worker) for invocation in range(20) for worker in range(20)}
+    assert len(seeds) == 400 and all(0 <= s < 2**32 for s in seeds)
+
+
+def test_lock_files_sit_next_to_the_storage_owner_only(tmp_path, monkeypatch):
+    """A journal study's lock files are STORAGE.writer.flock and STORAGE.gate.flock, mode 0600; nothing named
+    draftlab-*.lock appears in the shared temp folder."""
+    monkeypatch.chdir(tmp_path)
+    shared = Path(tempfile.gettempdir())
+    before = set(shared.glob("draftlab-*.lock"))
+    journal = tmp_path / "s.journal.log"
+    assert main([str(spec_file(tmp_path)), "--storage", str(journal), "--n-trials", "3", "--no-plots"]) == 0
+    for role in ("writer", "gate"):
+        lock = Path(f"{journal}.{role}.flock")
+        assert lock.is_file() and not lock.is_symlink()
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    assert set(shared.glob("draftlab-*.lock")) == before
+
+
+def test_a_lock_file_link_planted_after_the_check_is_never_followed(tmp_path):
+    """Opening a lock file that became a symbolic link refuses it (O_NOFOLLOW): nothing is created at its target."""
+    lock = tmp_path / "s.journal.log.gate.flock"
+    lock.symlink_to(tmp_path / "target")
+    with pytest.raises(StudyError, match="is a symbolic link"):
+        open_lock_file(lock)
+    assert not (tmp_path / "target").exists()
+    Path(f"{tmp_path / 's.journal.log'}.writer.flock").symlink_to(tmp_path / "target")
+    with pytest.raises(StudyError, match="is a symbolic link"):
+        FlockJournalLock(str(tmp_path / "s.journal.log")).acquire()
+    assert not (tmp_path / "target").exists()

@@ -2,6 +2,9 @@
 
 A killed worker's RUNNING trial is failed once its heartbeat goes stale and retried with the same parameters;
 no completed trial is lost. Several workers share an exact trial cap: no trial number lost or duplicated.
+Stopping the parent (SIGTERM, SIGINT, SIGKILL) stops its workers; a worker killed alone is named by its signal
+and the report is still written; Ctrl-C at any moment is one line and exit 130; invocations started together
+each add their own trials, with their own sampler seeds.
 The PostgreSQL test needs DRAFTLAB_TEST_POSTGRES (.ci/run starts a server and sets it); without it the test
 skips, except under CI=true, where it fails.
 """
@@ -12,8 +15,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -121,8 +126,12 @@ def test_workers_on_one_machine_share_a_journal_and_an_exact_cap(tmp_path):
         [*TUNE, spec, "--workers", "2", "--n-trials", "16", "--no-plots"], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    journal = tmp_path / "studies" / "tiny.journal.log"
-    assert journal.exists() and not (tmp_path / "studies" / "tiny.db").exists()
+    assert (
+        "note: --workers 2 on SQLite: using the journal file runs/tiny.journal.log, a separate study from "
+        "sqlite:///runs/tiny.db; continue it with --workers again" in done.stderr.splitlines()
+    )
+    journal = tmp_path / "runs" / "tiny.journal.log"
+    assert journal.exists() and not (tmp_path / "runs" / "tiny.db").exists()
     trials = open_study("tiny", str(journal)).get_trials()
     assert [t.number for t in trials] == list(range(16))
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -180,3 +189,244 @@ def test_two_workers_on_postgresql_reach_an_exact_global_cap(tmp_path):
             with engine.begin() as conn:
                 conn.execute(sqlalchemy.text("DROP TABLE IF EXISTS alembic_version"))
         engine.dispose()
+
+
+# ---------------------------------------------------------------- stopping, killing, interrupting
+
+
+def process_state(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of a live process, None once it is gone or a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return (int(fields[1]), fields[0]) if fields[0] not in "ZX" else None
+
+
+def workers_of(parent: int) -> list[int]:
+    """The worker processes (multiprocessing spawn children) of a sim.tune process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        state = process_state(int(entry.name))
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if state and state[0] == parent and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def trials_in(journal: Path) -> list[optuna.trial.FrozenTrial]:
+    try:
+        return open_study("tiny", str(journal)).get_trials(deepcopy=False)
+    except KeyError:  # the study is not created yet
+        return []
+
+
+def complete(journal: Path) -> int:
+    return sum(t.state == TrialState.COMPLETE for t in trials_in(journal))
+
+
+def start_workers(tmp_path: Path, n_trials: int, sleep_s: float) -> tuple[subprocess.Popen, Path, list[int]]:
+    """sim.tune with two workers on a journal, once both run and a trial has completed."""
+    journal = tmp_path / "s.journal.log"
+    parent = subprocess.Popen(
+        [*TUNE, str(spec_file(tmp_path)), "--storage", str(journal), "--workers", "2", "--n-trials", str(n_trials)]
+        + ["--sleep-per-trial", str(sleep_s), "--heartbeat", "1", "--no-plots"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers = wait_for(lambda: len(workers_of(parent.pid)) == 2 and complete(journal) >= 1 and workers_of(parent.pid))
+    return parent, journal, workers
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_stopping_the_parent_stops_every_worker(tmp_path, sig):
+    """SIGTERM, SIGINT or SIGKILL to `sim.tune --workers 2`: both workers end, the study stops growing, and no
+    trial is left RUNNING (each worker marks its own failed). SIGTERM and SIGINT also write the report from the
+    stored trials and exit 130 without a traceback."""
+    parent, journal, workers = start_workers(tmp_path, n_trials=500, sleep_s=0.3)
+    try:
+        parent.send_signal(sig)
+        _, err = parent.communicate(timeout=60)
+        wait_for(lambda: not any(process_state(w) for w in workers), timeout_s=30)
+    finally:
+        parent.kill()
+        parent.wait()
+        for worker in workers:
+            if process_state(worker):
+                os.kill(worker, signal.SIGKILL)
+    settled = len(trials_in(journal))
+    time.sleep(2.0)
+    trials = trials_in(journal)
+    assert len(trials) == settled < 500
+    assert not [t.number for t in trials if t.state == TrialState.RUNNING]
+    if sig != signal.SIGKILL:
+        assert parent.returncode == 130, err
+        assert "Traceback" not in err
+        assert "interrupted: reporting the trials stored so far" in err
+        assert (tmp_path / "runs" / "tiny" / "report.md").is_file()
+
+
+def test_a_worker_killed_alone_is_named_and_the_report_is_still_written(tmp_path):
+    """SIGKILL one of two workers: the other finishes the invocation, then one `error:` line names the dead worker
+    and its signal, the report is written from the stored trials, exit 1, no traceback."""
+    parent, journal, workers = start_workers(tmp_path, n_trials=20, sleep_s=0.2)
+    try:
+        os.kill(workers[0], signal.SIGKILL)
+        out, err = parent.communicate(timeout=120)
+    finally:
+        parent.kill()
+        parent.wait()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert parent.returncode == 1, err
+    assert "Traceback" not in err
+    assert len(errors) == 1 and "was killed by SIGKILL" in errors[0] and "the report shows the trials" in errors[0]
+    assert "report: runs/tiny/report.md" in out
+    assert (tmp_path / "runs" / "tiny" / "report.md").is_file()
+
+
+def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool]) -> tuple[int, list[str]]:
+    """Run sim.tune with `-X importtime`, send SIGINT once `ready(stderr lines so far)` holds; (exit code, stderr
+    lines without the import timings and progress bars)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "sim.tune", *argv],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    try:
+        wait_for(lambda: ready(list(lines)), timeout_s=60)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    shown = [
+        part
+        for line in lines
+        if not line.startswith("import time:")
+        for part in line.rstrip("\n").split("\r")
+        if part.strip() and "trial/s" not in part and "?trial" not in part
+    ]
+    return proc.returncode, shown
+
+
+MOMENTS = {
+    # while optuna is being imported (after the interpreter's own start-up)
+    "imports": (["--n-trials", "5"], lambda tmp: lambda lines: any("optuna" in line for line in lines)),
+    # while a trial runs
+    "trials": (
+        ["--n-trials", "200", "--sleep-per-trial", "0.2", "--storage", "s.journal.log"],
+        lambda tmp: lambda lines: complete(tmp / "s.journal.log") >= 1,
+    ),
+    # while workers are starting
+    "workers": (
+        ["--n-trials", "200", "--workers", "2", "--storage", "s.journal.log"],
+        lambda tmp: lambda lines: bool(workers_of_any(tmp)),
+    ),
+    # while the report and its figures are written
+    "report": (["--n-trials", "3"], lambda tmp: lambda lines: (tmp / "runs" / "tiny").is_dir()),
+}
+
+
+def workers_of_any(tmp: Path) -> list[int]:
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and b"spawn_main" in _cmdline(p) and str(tmp).encode() in _cwd(p)
+    ]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _cwd(proc: Path) -> bytes:
+    try:
+        return os.fsencode(os.readlink(proc / "cwd"))
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path, moment):
+    """SIGINT during the imports, a trial, the workers' start or the report: exit 130, no traceback, the last line
+    `interrupted` (or, while trials run, the report is written first), no worker left, no half-written file."""
+    flags, ready = MOMENTS[moment]
+    code, lines = interrupt_when([str(spec_file(tmp_path)), *flags], tmp_path, ready(tmp_path))
+    assert code == 130, lines
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), lines
+    assert lines and lines[-1].startswith("interrupted"), lines
+    wait_for(lambda: not workers_of_any(tmp_path), timeout_s=30)
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_two_invocations_started_together_each_add_their_own_trials(tmp_path):
+    """Two `--n-trials 12` runs started at once on one journal: 24 trials, numbered 0..23, all complete, the
+    baseline once, and no point proposed twice (each run samples with its own seed)."""
+    spec = str(spec_file(tmp_path))
+    journal = str(tmp_path / "s.journal.log")
+    runs = [
+        subprocess.Popen(
+            [*TUNE, spec, "--storage", journal, "--n-trials", "12", "--no-plots", "--out", str(tmp_path / f"out{i}")],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        errors = [run.communicate(timeout=240)[1] for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [run.returncode for run in runs] == [0, 0], errors
+    trials = open_study("tiny", journal).get_trials()
+    assert sorted(t.number for t in trials) == list(range(24))
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert sum(bool(t.user_attrs.get("baseline")) for t in trials) == 1
+    points = [tuple(sorted(t.params.items())) for t in trials if not t.user_attrs.get("baseline")]
+    assert len(set(points)) == len(points) == 23
+    assert len(open_study("tiny", journal).user_attrs["invocations"]) == 2
+
+
+def test_two_invocations_share_an_exact_global_cap_on_a_journal(tmp_path):
+    """Two `--max-trials 20` runs started at once on one journal stop at exactly 20 trials in all."""
+    spec = str(spec_file(tmp_path))
+    journal = str(tmp_path / "s.journal.log")
+    runs = [
+        subprocess.Popen(
+            [*TUNE, spec, "--storage", journal, "--max-trials", "20", "--no-plots", "--out", str(tmp_path / f"o{i}")],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        errors = [run.communicate(timeout=240)[1] for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+            run.wait()
+    assert [run.returncode for run in runs] == [0, 0], errors
+    assert sorted(t.number for t in open_study("tiny", journal).get_trials()) == list(range(20))

@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         names = stale()
         for name in names:
             print(f"stale: traces/{name}.jsonl (run python traces/make_reference.py)")
+        if not names:
+            print(f"{len(REFERENCES)} bundled traces are up to date: {', '.join(r.name for r in REFERENCES)}")
         return 1 if names else 0
     _, trace = _sim()
     for path in write_all():

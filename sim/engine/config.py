@@ -7,13 +7,14 @@ study's search space and a `best.yaml` all name parameters the same way.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from policies import Governor, policy_class
 from sim.engine.loop import LoopParams
-from sim.engine.params import build_params, fields_of
+from sim.engine.params import KeyLines, build_params, fields_of
 from sim.errors import ConfigError
 from sim.io import load_yaml
 
@@ -76,16 +77,51 @@ def split_variant(text: str) -> tuple[str, dict[str, str]]:
 
 def load_config_file(path: str | Path) -> PolicyConfig:
     """A YAML file `{policy: NAME, params: {key: value, ...}}`, as `sim.tune` writes to best.yaml."""
-    raw, _ = load_yaml(path, ConfigError, "config file")
+    return read_config_file(path)[0]
+
+
+# sim.tune's notes in a best.yaml: "study NAME, trial N: ..."
+_STUDY_NOTES = re.compile(r"study (\S+), trial (\d+)\b")
+
+
+def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
+    """A configuration file and its short label: `STUDY trial N` when its notes name the study and trial that
+    produced it (as in a best.yaml), else `config:FILE` (the file's name). Errors name the file and the line of the
+    offending key."""
+    raw, data = load_yaml(path, ConfigError, "config file")
+    at = KeyLines(path, data.decode("utf-8"))
     if not isinstance(raw, dict) or "policy" not in raw:
-        raise ConfigError(f"{path}: expected a mapping with 'policy' and optional 'params'")
-    extra = sorted(set(raw) - {"policy", "params", "notes"})
+        raise ConfigError(f"{at.where()}: expected a mapping with 'policy' and optional 'params'")
+    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes"})
     if extra:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes")
+        raise ConfigError(f"{at.where(extra[0])}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes")
+    if not isinstance(raw["policy"], str):
+        raise ConfigError(f"{at.where('policy')}: 'policy' must be a policy name, got {raw['policy']!r}")
     params = raw.get("params") or {}
     if not isinstance(params, dict):
-        raise ConfigError(f"{path}: 'params' must be a mapping of parameter names to values")
+        raise ConfigError(f"{at.where('params')}: 'params' must be a mapping of parameter names to values")
+    for key in params:
+        if not isinstance(key, str):
+            raise ConfigError(f"{at.where('params', str(key))}: parameter names are text, got {key!r}")
     try:
-        return make_config(str(raw["policy"]), params)
+        policy_class(raw["policy"])
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+        raise ConfigError(f"{at.where('policy')}: {err}") from None
+    try:
+        config = make_config(raw["policy"], params)
+    except ConfigError as err:
+        raise ConfigError(f"{at.where('params', *_culprit(raw['policy'], params))}: {err}") from None
+    notes = raw.get("notes")
+    found = _STUDY_NOTES.match(notes) if isinstance(notes, str) else None
+    label = f"{found[1]} trial {found[2]}" if found else f"config:{Path(path).name}"
+    return config, label
+
+
+def _culprit(policy: str, params: dict[Any, Any]) -> tuple[str, ...]:
+    """The first parameter that is refused on its own (for its line), or none when only a combination is."""
+    for key, value in params.items():
+        try:
+            make_config(policy, {key: value})
+        except ConfigError:
+            return (str(key),)
+    return ()

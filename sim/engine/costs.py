@@ -5,19 +5,27 @@ time of a synchronous forward of width w including reading its result on the
 host, for w = 1..W, in milliseconds. Derived:
   host gap     g    = S(1) - P      (read, sample, look up, build the next step)
   device time  d(w) = S(w) - g      (so d(1) = P)
-A profile is the timing model's cost function (`sim.engine.timing.ForwardCosts`):
-these profiles were measured at one context length, so they charge a forward the
-same at every context length.
+A profile is the timing model's cost function (`sim.engine.timing.ForwardCosts`).
+Format v1 (`CostProfile`) was measured at one context length and charges a
+forward the same at every context length. Format v2 (`ContextProfile`) holds P
+and S(1..W) on a grid of context lengths n, each grid point a v1 profile, and
+charges a forward at its own n: linearly interpolated between grid points, held
+flat outside them. Prefill is fixed + per-token * n + per-token^2 * n^2 (the
+quadratic term 0 unless measured).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.engine.params import KeyLines
+from sim.engine.trace import one_line
 from sim.errors import ProfileError
 from sim.io import load_yaml
 
@@ -26,17 +34,37 @@ DEFAULT_PROFILE = "gb10-qwen3-8b-4bit"
 EXTENDS = ("error", "flat")
 KEYS = {
     "name": "profile name (defaults to the file name)",
-    "pipelined_ms": "P: one pipelined one-token step, ms",
-    "sync_ms": "S(1..W): synchronous forward of width w incl. reading it on the host, ms",
+    "contexts": "format v2: increasing context lengths n1, n2, ... at which P and S were measured",
+    "pipelined_ms": "P: one pipelined one-token step, ms (v2: one per context)",
+    "sync_ms": "S(1..W): synchronous forward of width w incl. reading it on the host, ms (v2: one list per context)",
     "extend": "beyond width W: error (default) or flat (cost of width W)",
-    "prefill": "optional {fixed_ms, per_prompt_token_ms, source}: time to the first token",
+    "prefill": "optional {fixed_ms, per_prompt_token_ms, per_prompt_token2_ms, source}: time to the first token",
+    "measurements": "optional: per-grid-point medians and spreads, as measured (not read by replay)",
     "model": "model the numbers were measured with",
     "machine": "hardware and software stack",
     "date": "when it was measured",
     "source": "where the numbers come from",
     "notes": "free text",
 }
-PREFILL_KEYS = ("fixed_ms", "per_prompt_token_ms", "source")
+PREFILL_KEYS = ("fixed_ms", "per_prompt_token_ms", "per_prompt_token2_ms", "source")
+# Plausible milliseconds for one forward: outside them a typo (1e308, 1e-300) would turn every time into inf or 0
+# and every speedup into nan or exactly 1. Prefill may be 0 (not measured), never negative.
+MIN_MS, MAX_MS = 1e-6, 1e6
+MAX_WIDTHS = 1024  # widths one profile may list; loops propose at most sim.engine.params.MAX_SPAN tokens
+MAX_CONTEXT = 1 << 24  # context lengths a v2 grid may name; no model reads 16M tokens
+MAX_CONTEXTS = 64  # grid points one v2 profile may list
+
+
+class _Invalid(ProfileError):
+    """A profile value out of bounds, with the key it is under, so a file's error can name that key's line."""
+
+    def __init__(self, message: str, *key: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -49,21 +77,40 @@ class CostProfile:
     prefill_per_token_ms: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     sha256: str = ""
+    prefill_per_token2_ms: float = 0.0  # quadratic term, where a measurement supports one
     # d(w) for w = 1..W, derived once: the timing model asks for one per forward, millions per study.
     _device: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
     _gap: float = field(init=False, repr=False, compare=False, default=0.0)
 
     def __post_init__(self) -> None:
         if not self.sync_ms:
-            raise ProfileError("sync_ms needs at least width 1")
-        if self.host_gap < 0:
-            raise ProfileError(
-                f"S(1)={self.sync_ms[0]} ms is below P={self.pipelined_ms} ms: the host gap S(1)-P would be negative"
+            raise _Invalid("sync_ms needs at least width 1", "sync_ms")
+        if len(self.sync_ms) > MAX_WIDTHS:
+            raise _Invalid(
+                f"sync_ms lists {len(self.sync_ms)} widths; a profile prices at most {MAX_WIDTHS}", "sync_ms"
             )
-        if self.pipelined_ms <= 0 or any(
-            self.sync_ms[w - 1] - self.host_gap <= 0 for w in range(1, self.max_width + 1)
-        ):
-            raise ProfileError("every device time d(w) = S(w) - (S(1) - P) must be positive")
+        costs: list[tuple[str, float, tuple[str, ...]]] = [("pipelined_ms", self.pipelined_ms, ("pipelined_ms",))]
+        costs += [(f"sync_ms[{i}] (width {i + 1})", s, ("sync_ms", str(i))) for i, s in enumerate(self.sync_ms)]
+        for what, value, key in costs:
+            if not _finite(value) or not MIN_MS <= value <= MAX_MS:
+                raise _Invalid(f"{what} must be positive, between {MIN_MS:g} and {MAX_MS:g} ms, got {value!r}", *key)
+        prefill: tuple[tuple[str, float, tuple[str, ...]], ...] = (
+            ("prefill.fixed_ms", self.prefill_fixed_ms, ("prefill", "fixed_ms")),
+            ("prefill.per_prompt_token_ms", self.prefill_per_token_ms, ("prefill", "per_prompt_token_ms")),
+            ("prefill.per_prompt_token2_ms", self.prefill_per_token2_ms, ("prefill", "per_prompt_token2_ms")),
+        )
+        for what, value, key in prefill:
+            if not _finite(value) or not 0.0 <= value <= MAX_MS:
+                raise _Invalid(f"{what} must be between 0 and {MAX_MS:g} ms, got {value!r}", *key)
+        if self.host_gap < 0:
+            raise _Invalid(
+                f"S(1)={self.sync_ms[0]} ms is below P={self.pipelined_ms} ms: the host gap S(1)-P would be negative",
+                "sync_ms",
+                "0",
+            )
+        for w in range(1, self.max_width + 1):
+            if self.sync_ms[w - 1] - self.host_gap <= 0:
+                raise _Invalid("every device time d(w) = S(w) - (S(1) - P) must be positive", "sync_ms", str(w - 1))
         object.__setattr__(self, "_device", tuple(s - self.host_gap for s in self.sync_ms))  # frozen: set once
         object.__setattr__(self, "_gap", self.host_gap)
 
@@ -105,7 +152,7 @@ class CostProfile:
         return self._gap
 
     def prefill_ms(self, prompt_tokens: int) -> float:
-        return self.prefill_fixed_ms + self.prefill_per_token_ms * prompt_tokens
+        return _prefill(self.prefill_fixed_ms, self.prefill_per_token_ms, self.prefill_per_token2_ms, prompt_tokens)
 
     def check_width(self, width: int) -> None:
         """Fail early, before a replay, when a configuration can ask for a width this profile lacks."""
@@ -121,7 +168,92 @@ class CostProfile:
             "extend": self.extend,
             "prefill_fixed_ms": self.prefill_fixed_ms,
             "prefill_per_token_ms": self.prefill_per_token_ms,
+            **({"prefill_per_token2_ms": self.prefill_per_token2_ms} if self.prefill_per_token2_ms else {}),
         }
+
+
+def _prefill(fixed: float, per_token: float, per_token2: float, n: int) -> float:
+    cost = fixed + per_token * n
+    return cost + per_token2 * n * n if per_token2 else cost  # no quadratic term: exactly the linear cost
+
+
+@dataclass(frozen=True)
+class ContextProfile:
+    """Format v2: costs on a grid of context lengths, each grid point a v1 `CostProfile` (without prefill).
+
+    Between grid points every cost is linear in n (P, S(w), and so g and d(w)); outside the grid it is held at the
+    nearest point. A one-point grid charges exactly what that point's v1 profile charges.
+    """
+
+    name: str
+    contexts: tuple[int, ...]
+    points: tuple[CostProfile, ...]
+    extend: str = "error"
+    prefill_fixed_ms: float = 0.0
+    prefill_per_token_ms: float = 0.0
+    prefill_per_token2_ms: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    sha256: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.contexts or len(self.contexts) != len(self.points):
+            raise _Invalid("contexts needs one entry per grid point", "contexts")
+        if any(not 1 <= n <= MAX_CONTEXT for n in self.contexts) or list(self.contexts) != sorted(set(self.contexts)):
+            raise _Invalid(f"contexts must be increasing whole numbers in 1..{MAX_CONTEXT}", "contexts")
+        widths = {p.max_width for p in self.points}
+        if len(widths) != 1:
+            raise _Invalid("sync_ms must list the same widths 1..W at every context", "sync_ms")
+
+    @property
+    def max_width(self) -> int:
+        return self.points[0].max_width
+
+    @property
+    def widest(self) -> float:
+        return math.inf if self.extend == "flat" else self.max_width
+
+    def _between(self, context: int) -> tuple[CostProfile, CostProfile, float]:
+        """The grid points around `context` and the weight of the upper one (0 outside the grid: held flat)."""
+        i = bisect.bisect_right(self.contexts, context) - 1
+        if i < 0:
+            return self.points[0], self.points[0], 0.0
+        if i >= len(self.contexts) - 1:
+            return self.points[-1], self.points[-1], 0.0
+        low, high = self.contexts[i], self.contexts[i + 1]
+        return self.points[i], self.points[i + 1], (context - low) / (high - low)
+
+    def device_ms(self, width: int, context: int) -> float:
+        low, high, t = self._between(context)
+        d = low.device_ms(width, context)
+        return d + t * (high.device_ms(width, context) - d) if t else d
+
+    def host_gap_ms(self, context: int) -> float:
+        low, high, t = self._between(context)
+        g = low.host_gap
+        return g + t * (high.host_gap - g) if t else g
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        return _prefill(self.prefill_fixed_ms, self.prefill_per_token_ms, self.prefill_per_token2_ms, prompt_tokens)
+
+    def check_width(self, width: int) -> None:
+        self.points[0].sync(width)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sha256": self.sha256,
+            "contexts": list(self.contexts),
+            "pipelined_ms": [p.pipelined_ms for p in self.points],
+            "host_gap_ms": [p.host_gap for p in self.points],
+            "extend": self.extend,
+            "prefill_fixed_ms": self.prefill_fixed_ms,
+            "prefill_per_token_ms": self.prefill_per_token_ms,
+            "prefill_per_token2_ms": self.prefill_per_token2_ms,
+        }
+
+
+# Either format: what replay, tuning and confirmation accept as a profile.
+Profile = CostProfile | ContextProfile
 
 
 def bundled_profiles() -> list[str]:
@@ -130,10 +262,10 @@ def bundled_profiles() -> list[str]:
 
 def resolve(name_or_path: str) -> Path:
     path = Path(name_or_path)
-    if name_or_path.strip() and (path.suffix in (".yaml", ".yml") or path.exists()):  # Path("") is the cwd
-        if not path.is_file():
+    if name_or_path.strip() and (path.suffix in (".yaml", ".yml") or os.path.lexists(path)):  # Path("") is the cwd
+        if not os.path.lexists(path):
             raise ProfileError(f"{name_or_path}: no such profile file")
-        return path
+        return path  # a folder, pipe or device is refused when read, before it is opened
     bundled = BUNDLED / f"{name_or_path}.yaml"
     if not bundled.is_file():
         raise ProfileError(
@@ -143,51 +275,120 @@ def resolve(name_or_path: str) -> Path:
     return bundled
 
 
-def load_profile(name_or_path: str) -> CostProfile:
+def load_profile(name_or_path: str) -> Profile:
     path = resolve(name_or_path)
     raw, data = load_yaml(path, ProfileError, "profile file")
-    return profile_from_dict(raw, str(path), hashlib.sha256(data).hexdigest(), default_name=path.stem)
+    return profile_from_dict(
+        raw, str(path), hashlib.sha256(data).hexdigest(), default_name=path.stem, text=data.decode("utf-8")
+    )
 
 
-def _number(value: Any, where: str, what: str) -> float:
+def _number(value: Any, at: KeyLines, what: str, *key: str) -> float:
     # YAML's .nan and .inf are floats, but would slip past every comparison below.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ProfileError(f"{where}: {what} must be a number of milliseconds, got {value!r}")
+    if not _finite(value):
+        raise ProfileError(f"{at.where(*key)}: {what} must be a number of milliseconds, got {value!r}")
     return float(value)
 
 
-def profile_from_dict(raw: Any, where: str, sha256: str = "", default_name: str = "profile") -> CostProfile:
+def profile_from_dict(
+    raw: Any, where: str, sha256: str = "", default_name: str = "profile", *, text: str | None = None
+) -> Profile:
+    """A profile from its parsed YAML (v1, or v2 when it has `contexts`); errors start with `where` (and the line
+    of the offending key, given the file's `text`)."""
+    at = KeyLines(where, text)
     if not isinstance(raw, dict):
-        raise ProfileError(f"{where}: expected a mapping with keys {', '.join(KEYS)}")
-    unknown = sorted(set(raw) - set(KEYS))
+        raise ProfileError(f"{at.where()}: expected a mapping with keys {', '.join(KEYS)}")
+    unknown = sorted(set(map(str, raw)) - set(KEYS))
     if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
+        raise ProfileError(f"{at.where(unknown[0])}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}")
     for key in ("pipelined_ms", "sync_ms"):
         if key not in raw:
-            raise ProfileError(f"{where}: missing '{key}' ({KEYS[key]})")
-    sync = raw["sync_ms"]
-    if not isinstance(sync, list) or not sync:
-        raise ProfileError(f"{where}: sync_ms must be a list of milliseconds for widths 1, 2, ...")
-    sync_ms = tuple(_number(v, where, f"sync_ms[{i}] (width {i + 1})") for i, v in enumerate(sync))
+            raise ProfileError(f"{at.where()}: missing '{key}' ({KEYS[key]})")
+    name = raw.get("name", default_name)
+    if not isinstance(name, str) or not name.strip() or not one_line(name):
+        raise ProfileError(f"{at.where('name')}: name must be a one-line text, got {name!r}")
     extend = raw.get("extend", "error")
     if extend not in EXTENDS:
-        raise ProfileError(f"{where}: extend must be one of {', '.join(EXTENDS)}, got {extend!r}")
+        raise ProfileError(f"{at.where('extend')}: extend must be one of {', '.join(EXTENDS)}, got {extend!r}")
     prefill = raw.get("prefill") or {}
     if not isinstance(prefill, dict) or set(prefill) - set(PREFILL_KEYS):
-        raise ProfileError(f"{where}: prefill must be a mapping with keys among {', '.join(PREFILL_KEYS)}")
-    meta = {k: raw[k] for k in ("model", "machine", "date", "source", "notes") if k in raw}
+        raise ProfileError(
+            f"{at.where('prefill')}: prefill must be a mapping with keys among {', '.join(PREFILL_KEYS)}"
+        )
+    meta = {k: raw[k] for k in ("model", "machine", "date", "source", "notes", "measurements") if k in raw}
     if prefill.get("source"):
         meta["prefill_source"] = prefill["source"]
+    fixed_ms = _number(prefill.get("fixed_ms", 0.0), at, "prefill.fixed_ms", "prefill", "fixed_ms")
+    per_token_ms = _number(
+        prefill.get("per_prompt_token_ms", 0.0), at, "prefill.per_prompt_token_ms", "prefill", "per_prompt_token_ms"
+    )
+    per_token2_ms = _number(
+        prefill.get("per_prompt_token2_ms", 0.0), at, "prefill.per_prompt_token2_ms", "prefill", "per_prompt_token2_ms"
+    )
     try:
-        return CostProfile(
-            name=str(raw.get("name", default_name)),
-            pipelined_ms=_number(raw["pipelined_ms"], where, "pipelined_ms"),
-            sync_ms=sync_ms,
+        if "contexts" not in raw:
+            return CostProfile(
+                name=name,
+                pipelined_ms=_number(raw["pipelined_ms"], at, "pipelined_ms", "pipelined_ms"),
+                sync_ms=_widths(raw["sync_ms"], at, "sync_ms"),
+                extend=extend,
+                prefill_fixed_ms=fixed_ms,
+                prefill_per_token_ms=per_token_ms,
+                prefill_per_token2_ms=per_token2_ms,
+                meta=meta,
+                sha256=sha256,
+            )
+        contexts = _contexts(raw["contexts"], at)
+        return ContextProfile(
+            name=name,
+            contexts=contexts,
+            points=_grid(raw, contexts, at, name, extend),
             extend=extend,
-            prefill_fixed_ms=_number(prefill.get("fixed_ms", 0.0), where, "prefill.fixed_ms"),
-            prefill_per_token_ms=_number(prefill.get("per_prompt_token_ms", 0.0), where, "prefill.per_prompt_token_ms"),
+            prefill_fixed_ms=fixed_ms,
+            prefill_per_token_ms=per_token_ms,
+            prefill_per_token2_ms=per_token2_ms,
             meta=meta,
             sha256=sha256,
         )
-    except ProfileError as err:
-        raise ProfileError(f"{where}: {err}") from None
+    except _Invalid as err:
+        raise ProfileError(f"{at.where(*err.key)}: {err}") from None
+
+
+def _widths(raw: Any, at: KeyLines, *key: str) -> tuple[float, ...]:
+    """S(1..W) from a list of milliseconds."""
+    what = "/".join(key)
+    if not isinstance(raw, list) or not raw:
+        raise ProfileError(f"{at.where(*key)}: {what} must be a list of milliseconds for widths 1, 2, ...")
+    return tuple(_number(v, at, f"{what}[{i}] (width {i + 1})", *key, str(i)) for i, v in enumerate(raw))
+
+
+def _contexts(raw: Any, at: KeyLines) -> tuple[int, ...]:
+    ok = isinstance(raw, list) and 1 <= len(raw) <= MAX_CONTEXTS
+    ok = ok and all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CONTEXT for n in raw)
+    if not ok or raw != sorted(set(raw)):
+        raise ProfileError(
+            f"{at.where('contexts')}: contexts must be a list of 1..{MAX_CONTEXTS} increasing context lengths "
+            f"(whole numbers in 1..{MAX_CONTEXT}), got {raw!r}"
+        )
+    return tuple(raw)
+
+
+def _grid(
+    raw: dict[str, Any], contexts: tuple[int, ...], at: KeyLines, name: str, extend: str
+) -> tuple[CostProfile, ...]:
+    """One v1 profile per grid point; each is held to every v1 rule, errors naming the point's line."""
+    pipelined, sync = raw["pipelined_ms"], raw["sync_ms"]
+    for key, value, what in (("pipelined_ms", pipelined, "milliseconds"), ("sync_ms", sync, "lists of milliseconds")):
+        if not isinstance(value, list) or len(value) != len(contexts):
+            raise ProfileError(
+                f"{at.where(key)}: with contexts, {key} must be a list of {len(contexts)} {what}, one per context"
+            )
+    points = []
+    for i, n in enumerate(contexts):
+        p_ms = _number(pipelined[i], at, f"pipelined_ms[{i}] (context {n})", "pipelined_ms", str(i))
+        s_ms = _widths(sync[i], at, "sync_ms", str(i))
+        try:
+            points.append(CostProfile(name=name, pipelined_ms=p_ms, sync_ms=s_ms, extend=extend))
+        except _Invalid as err:
+            raise _Invalid(f"at context {n}: {err}", *(err.key[:1] + (str(i),) + err.key[1:])) from None
+    return tuple(points)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from policies.base import Governor
 from sim.engine.lookup import PromptLookup
-from sim.engine.params import param
+from sim.engine.params import MAX_SPAN, check_range, param
 from sim.errors import ConfigError
 
 STEP = 0
@@ -42,6 +42,9 @@ class LoopParams:
     def __post_init__(self) -> None:
         if self.max_draft < 1:
             raise ConfigError(f"max_draft must be >= 1, got {self.max_draft}")
+        check_range("max_draft", self.max_draft, 1, MAX_SPAN)
+        check_range("ngram_min", self.ngram_min, 1, MAX_SPAN)
+        check_range("ngram_max", self.ngram_max, 1, MAX_SPAN)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
         if self.plain_rounds_before_pipelining < 0:

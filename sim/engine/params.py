@@ -3,17 +3,28 @@
 Governors' and the loop's parameters are declared with `param(default, help)`.
 `build_params` loads a mapping into such a dataclass: unknown keys are errors
 that name the allowed ones, values are checked (and converted from text)
-against each field's type, and bools are never numbers.
+against each field's type, and bools are never numbers. `KeyLines` finds the line
+of a key in the YAML file a mapping came from, so errors can point at it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from typing import Any
 
+import yaml
+
 from sim.errors import ConfigError
+
+# Most tokens one round may propose or one n-gram may span: mlxcel drafts at most a few, and the lookup and the cost
+# profiles are sized by it, so a typo such as max_draft=1000000000 is refused rather than run out of memory.
+MAX_SPAN = 64
+# Largest magnitude a policy's real-valued parameter may take; averages stay within a few tokens, and products of
+# such values must stay finite.
+MAX_MAGNITUDE = 1e6
 
 
 def param(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -48,8 +59,24 @@ def coerce(cls: type, name: str, value: Any) -> Any:
         wanted = f"one of {', '.join(choices)}" if choices else kind.__name__
         if optional:
             wanted += " or null"
-        raise ConfigError(f"{name} must be {wanted}, got {value!r}")
+        raise ConfigError(f"{name} must be {wanted}, got {_shown(value)}")
     return converted
+
+
+def _shown(value: Any) -> str:
+    """A refused value as an error shows it: its repr, cut short (a pasted 5000-digit number stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:32]}...{text[-4:]}"
+
+
+def check_range(name: str, value: float, low: float, high: float) -> None:
+    """A parameter's value must lie in [low, high]; the error names the parameter, the range and the value."""
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be in {_number(low)}..{_number(high)}, got {_shown(value)}")
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
 def _convert(kind: type, value: Any, choices: tuple[str, ...]) -> Any:
@@ -88,3 +115,56 @@ def build_params(cls: type, values: dict[str, Any], what: str) -> Any:
 def describe(cls: type) -> list[tuple[str, Any, str]]:
     """(name, default, help) per parameter, for --help texts and reports."""
     return [(f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(cls)]
+
+
+# ---------------------------------------------------------------- where a YAML key sits, for errors
+# Files read here have already passed the strict loader (`sim.io.parse_yaml`): composing them again is safe, and an
+# alias is visited once (its anchor's node), never expanded.
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Line (1-based) of every mapping key and sequence item, by path from the root (items by their index)."""
+    lines: dict[tuple[str, ...], int] = {(): 1}
+    seen: set[int] = set()
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                here = path + (str(key.value),)
+                lines.setdefault(here, key.start_mark.line + 1)
+                walk(value, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                here = path + (str(index),)
+                lines.setdefault(here, item.start_mark.line + 1)
+                walk(item, here)
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return lines  # the strict loader reports such files itself
+    if root is not None:
+        lines[()] = root.start_mark.line + 1
+        walk(root, ())
+    return lines
+
+
+class KeyLines:
+    """`where(*key)`: `FILE:LINE` of the deepest part of `key` found in the file's text (else of the document)."""
+
+    def __init__(self, path: str | os.PathLike[str], text: str | None):
+        self.path = str(path)
+        self.text = text
+        self._lines: dict[tuple[str, ...], int] | None = None
+
+    def where(self, *key: str) -> str:
+        if self.text is None:
+            return self.path
+        if self._lines is None:  # only an error needs them
+            self._lines = key_lines(self.text)
+        while key not in self._lines:
+            key = key[:-1]
+        return f"{self.path}:{self._lines[key]}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.engine.config import PolicyConfig
-from sim.engine.costs import CostProfile
+from sim.engine.costs import Profile
 from sim.engine.lookup import PromptLookup
 from sim.engine.loop import Counters, LoopResult, TraceTarget, run
 from sim.engine.timing import NO_JITTER, ForwardCosts, Jitter, RunTiming, TimingModel, simpy_timing, time_run
@@ -24,6 +24,8 @@ from sim.errors import ConfigError
 # Top-1 minus top-2 logit below which a slot decided by a multi-token verify counts as a parity risk.
 # A threshold to choose per model and dtype, not a measurement.
 DEFAULT_RISK_MARGIN = 0.5
+# Longest reply a cap may ask for; a trace file of 1 GiB holds fewer token lines than this.
+MAX_REPLY_TOKENS = 100_000_000
 
 _DRAFTERS: dict[tuple[str, int, int], PromptLookup] = {}
 
@@ -36,13 +38,18 @@ def drafter_for(trace: Trace, ngram_min: int, ngram_max: int) -> PromptLookup:
     return _DRAFTERS[key]
 
 
+def check_max_tokens(override: int | None) -> None:
+    """A cap asked for must be a number of tokens a reply can have: 1..MAX_REPLY_TOKENS."""
+    if override is not None and not 1 <= override <= MAX_REPLY_TOKENS:
+        raise ConfigError(f"--max-tokens must be >= 1 and at most {MAX_REPLY_TOKENS}, got {override}")
+
+
 def effective_max_tokens(trace: Trace, override: int | None) -> int | None:
     """The cap replay runs under: the trace's own, or a shorter one asked for."""
     cap = trace.max_tokens
     if override is None:
         return cap
-    if override < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {override}")
+    check_max_tokens(override)
     if cap is not None and override > cap:
         raise ConfigError(f"--max-tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
     return override
@@ -53,7 +60,7 @@ def stopped_on_eos(cap: int | None, generated: int) -> bool:
     return cap is None or generated < cap
 
 
-def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[CostProfile]) -> None:
+def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile]) -> None:
     """Fail before any work when a configuration can ask for a verify width some profile cannot price."""
     profiles = list(profiles)
     for config in configs:
@@ -113,7 +120,7 @@ class ReplayRow:
     trace: Trace
     config: PolicyConfig
     label: str
-    profile: CostProfile
+    profile: Profile
     max_tokens: int | None
     jitter: Jitter
     counters: Counters
@@ -160,7 +167,7 @@ class ReplayRow:
 def replay(
     trace: Trace,
     config: PolicyConfig,
-    profile: CostProfile,
+    profile: Profile,
     max_tokens: int | None = None,
     jitter: Jitter = NO_JITTER,
     model: TimingModel = simpy_timing,
@@ -174,7 +181,7 @@ def replay(
 def replay_run(
     trace: Trace,
     config: PolicyConfig,
-    profile: CostProfile,
+    profile: Profile,
     max_tokens: int | None = None,
     jitter: Jitter = NO_JITTER,
     model: TimingModel = simpy_timing,

@@ -29,6 +29,8 @@ import simpy
 from sim.engine.loop import READ, STEP, LoopResult
 from sim.errors import ConfigError
 
+MAX_SEED = 2**32 - 1  # seeds of the jitter generator: 0..2^32-1
+
 # Any timing model: (actions, contexts, costs, prompt tokens, jitter, keep host times) -> Timing.
 TimingModel = Callable[..., "Timing"]
 
@@ -55,8 +57,8 @@ class Jitter:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.sigma) and 0.0 <= self.sigma <= 1.0):
             raise ConfigError(f"jitter must be a finite number in [0, 1] (a lognormal sigma), got {self.sigma}")
-        if self.seed < 0:
-            raise ConfigError(f"the jitter seed must be >= 0, got {self.seed}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"the jitter seed must be >= 0 and at most {MAX_SEED}, got {self.seed}")
 
 
 NO_JITTER = Jitter()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import unicodedata
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ TOKEN_KEYS = ("type", "id", "margin", "top", "ms")
 MAX_LINE_BYTES = 1 << 26
 # Replay's stand-in for EOS when a trace that stopped on EOS does not name its id.
 UNNAMED_EOS = -1
+# Largest token id: vocabularies hold well under 2^31 ids, and torch and numpy index with 32- or 64-bit integers.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def one_line(text: str) -> bool:
+    """Text with no control character or line break of any kind (what str.splitlines would split on)."""
+    return not any(unicodedata.category(ch) in ("Cc", "Zl", "Zp") for ch in text)
+
+
+def _is_id(value: Any) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_TOKEN_ID
+
+
 def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
@@ -82,20 +94,22 @@ def _check_header(obj: dict, where: str) -> None:
     if not _is_int(obj.get("version")) or obj["version"] != VERSION:  # true and 1.0 equal 1 in Python
         raise _fail(where, f"unknown trace version {obj.get('version')!r}; this reader knows version {VERSION}")
     prompt = obj.get("prompt_tokens")
-    if not isinstance(prompt, list) or not all(_is_int(t) and t >= 0 for t in prompt):
-        raise _fail(where, "header needs 'prompt_tokens': a list of non-negative integer token ids")
+    if not isinstance(prompt, list) or not all(_is_id(t) for t in prompt):
+        raise _fail(where, f"header needs 'prompt_tokens': a list of integer token ids in 0..{MAX_TOKEN_ID}")
     if obj.get("stop") not in STOPS:
         raise _fail(where, f"header needs 'stop': one of {', '.join(STOPS)} (got {obj.get('stop')!r})")
     if "max_tokens" in obj and not (_is_int(obj["max_tokens"]) and obj["max_tokens"] > 0):
         raise _fail(where, f"header 'max_tokens' must be a positive integer (got {obj['max_tokens']!r})")
     eos = obj.get("eos_token_ids")
-    if eos is not None and (not isinstance(eos, list) or not eos or not all(_is_int(t) for t in eos)):
-        raise _fail(where, "header 'eos_token_ids' must be a non-empty list of integer token ids")
+    if eos is not None and (not isinstance(eos, list) or not eos or not all(_is_id(t) for t in eos)):
+        raise _fail(where, f"header 'eos_token_ids' must be a non-empty list of integer token ids in 0..{MAX_TOKEN_ID}")
     if "source" in obj and obj["source"] not in SOURCES:
         raise _fail(where, f"header 'source' must be one of {', '.join(SOURCES)} (got {obj['source']!r})")
     for key in ("name", "model", "tokenizer", "device"):
         if key in obj and not isinstance(obj[key], str):
             raise _fail(where, f"header '{key}' must be a string (got {obj[key]!r})")
+    if "name" in obj and not one_line(obj["name"]):  # names go into tables, error lines and figure titles
+        raise _fail(where, f"header 'name' must be one line of text without control characters (got {obj['name']!r})")
 
 
 def _check_token(obj: dict, where: str) -> None:
@@ -104,15 +118,17 @@ def _check_token(obj: dict, where: str) -> None:
         raise _fail(where, f"unknown token key(s) {', '.join(unknown)}; allowed: {', '.join(TOKEN_KEYS)}")
     if not (_is_int(obj.get("id")) and obj["id"] >= 0):
         raise _fail(where, f"token line needs 'id': a non-negative integer (got {obj.get('id')!r})")
+    if obj["id"] > MAX_TOKEN_ID:
+        raise _fail(where, f"token id {obj['id']} is beyond any vocabulary (ids are 0..{MAX_TOKEN_ID})")
     if "margin" in obj and not (_is_number(obj["margin"]) and obj["margin"] >= 0):
         raise _fail(where, f"'margin' must be a finite number >= 0 (top-1 minus top-2 logit), got {obj['margin']!r}")
     if "top" in obj:
         top = obj["top"]
         ok = isinstance(top, list) and all(
-            isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and _is_number(p[1]) for p in top
+            isinstance(p, list) and len(p) == 2 and _is_id(p[0]) and _is_number(p[1]) for p in top
         )
         if not ok:
-            raise _fail(where, "'top' must be a list of [token id, logit] pairs")
+            raise _fail(where, f"'top' must be a list of [token id, logit] pairs, ids in 0..{MAX_TOKEN_ID}")
     if "ms" in obj and not (_is_number(obj["ms"]) and obj["ms"] >= 0):
         raise _fail(where, f"'ms' must be a finite number >= 0, got {obj['ms']!r}")
 

@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from sim.errors import PlotError
-from sim.figures.rounds import Run
+from sim.figures.rounds import MAX_RUNS_PER_FIGURE, Run
 from sim.figures.style import ACCEPTED, CONFIRM, DPI, OWN, PALETTE, PAUSED, REJECTED, file_part, save
 
 
@@ -211,14 +211,23 @@ def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
             )
         if any(other.label == run.label for other in groups.get(prefix, [])):
             raise PlotError(f"{run.label} appears twice for {row['trace']} on {row['profile']['name']}")
+        if len(groups.get(prefix, [])) == MAX_RUNS_PER_FIGURE:
+            raise PlotError(
+                f"more than {MAX_RUNS_PER_FIGURE} runs of {row['trace']} on {row['profile']['name']}: a figure draws "
+                f"at most {MAX_RUNS_PER_FIGURE} (one colour each); write them to separate rounds files"
+            )
         groups.setdefault(prefix, []).append(run)
     return groups
+
+
+# The figures of each trace and profile, in the order they are written: OUT/TRACE_PROFILE_NAME.png.
+FIGURES = {"timeline": timeline_figure, "rounds": rounds_figure, "gap": gap_figure}
 
 
 def write_round_figures(runs: Sequence[Run], out: Path, dpi: int = DPI) -> list[Path]:
     """timeline, rounds and gap PNGs per trace and profile: OUT/TRACE_PROFILE_{timeline,rounds,gap}.png."""
     written = []
     for prefix, group in group_runs(runs).items():
-        for name, draw in (("timeline", timeline_figure), ("rounds", rounds_figure), ("gap", gap_figure)):
+        for name, draw in FIGURES.items():
             written.append(save(draw(group), out / f"{prefix}_{name}.png", dpi))
     return written

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from sim.engine.config import PolicyConfig
-from sim.engine.costs import CostProfile
+from sim.engine.costs import Profile
 from sim.engine.loop import COUNTER_NAMES, READ, STEP, LoopResult
 from sim.engine.replay import DEFAULT_RISK_MARGIN, ReplayRow, replay_run
 from sim.engine.timing import NO_JITTER, Jitter, RunTiming, Timing, TimingModel, simpy_timing
-from sim.engine.trace import Trace
+from sim.engine.trace import Trace, one_line
 from sim.errors import RoundsError
 from sim.io import load_json, read_bytes
 
@@ -142,7 +142,7 @@ def round_records(result: LoopResult, timed: RunTiming) -> list[dict[str, Any]]:
 def replay_rounds(
     trace: Trace,
     config: PolicyConfig,
-    profile: CostProfile,
+    profile: Profile,
     max_tokens: int | None = None,
     jitter: Jitter = NO_JITTER,
     model: TimingModel = simpy_timing,
@@ -158,16 +158,83 @@ def replay_rounds(
 
 
 def rounds_text(runs: Sequence[Run]) -> str:
-    """The file: per run one `run` line (the replay row and its run number) then its `round` lines; sorted keys."""
+    """The file: per run one `run` line (the replay row and its run number) then its `round` lines; sorted keys.
+    A non-finite number is a bug upstream (ValueError), never written as NaN."""
     lines = []
     for number, run in enumerate(runs):
-        lines.append(json.dumps({"type": "run", "run": number, **run.row}, sort_keys=True))
-        lines += [json.dumps({"type": "round", "run": number, **record}, sort_keys=True) for record in run.rounds]
+        lines.append(json.dumps({"type": "run", "run": number, **run.row}, sort_keys=True, allow_nan=False))
+        lines += [
+            json.dumps({"type": "round", "run": number, **record}, sort_keys=True, allow_nan=False)
+            for record in run.rounds
+        ]
     return "".join(line + "\n" for line in lines)
 
 
+# A rounds line longer than this is not one sim.replay wrote (a run line is a few hundred bytes).
+MAX_ROUNDS_LINE = 1 << 20
+# Runs of one trace and profile a figure draws, one colour each (the palette's eight) and one panel each in the
+# rounds figure; more would repeat colours and make an image too tall to render.
+MAX_RUNS_PER_FIGURE = 8
+KINDS = ("step", "read", "sync")
+
+
+# Largest count or time (ms) a rounds line may hold: decades of decoding; figures cannot scale axes near 1e308.
+MAX_VALUE = 1e12
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_VALUE
+
+
+def _number(value: Any) -> bool:  # load_json has already refused NaN and Infinity
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_VALUE
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and one_line(value)
+
+
+# What each field of a run and a round line must be, as (test, what the error says was expected).
+_COUNT = (_count, f"an integer in 0..{MAX_VALUE:.0e}")
+_NUMBER = (_number, f"a number in -{MAX_VALUE:.0e}..{MAX_VALUE:.0e}")
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+RUN_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "trace": (_text, "a one-line text"),
+    "policy": (_text, "a one-line text"),
+    "label": (lambda v: v is None or _text(v), "a one-line text"),
+    "profile": (lambda v: isinstance(v, dict) and _text(v.get("name")), "a mapping with a one-line 'name'"),
+    "generated_tokens": _COUNT,
+    **{name: _COUNT for name in COUNTER_NAMES[1:]},
+    "max_tokens": (lambda v: v is None or _count(v), f"null or {_COUNT[1]}"),
+    "time_ms": (lambda v: _number(v) and v > 0, f"a positive number up to {MAX_VALUE:.0e}"),
+    "plain_time_ms": (lambda v: _number(v) and v > 0, f"a positive number up to {MAX_VALUE:.0e}"),
+    "speedup": (lambda v: _number(v) and v > 0, f"a positive number up to {MAX_VALUE:.0e}"),
+}
+ROUND_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "index": _COUNT,
+    "kind": (lambda v: v in KINDS, f"one of {', '.join(KINDS)}"),
+    "actions": (
+        lambda v: isinstance(v, list) and all(isinstance(a, int) and not isinstance(a, bool) and a >= READ for a in v),
+        "a list of action codes (integers >= -1)",
+    ),
+    **{name: _BOOL for name in ("round", "drafted", "paused", "probe_made", "probe_settled", "shadow_confirmed")},
+    **{name: _COUNT for name in ("width", "budget", "proposal_len", "accepted", "emitted", "first_token", "tokens")},
+    "governor": (lambda v: isinstance(v, dict), "a mapping"),
+    **{name: _NUMBER for name in ("start_ms", "end_ms", "plain_ms", "ahead_ms", "gain_ms")},
+}
+
+
+def _check_fields(obj: dict[str, Any], types: dict[str, tuple[Callable[[Any], bool], str]], where: str) -> None:
+    for key, (ok, expected) in types.items():
+        if key in obj and not ok(obj[key]):
+            shown = repr(obj[key])
+            shown = shown if len(shown) <= 40 else shown[:36] + "..."
+            raise RoundsError(f"{where}: '{key}' must be {expected}, got {shown}")
+
+
 def read_rounds(path: str | Path) -> list[Run]:
-    """Read a rounds file back into runs, checking that every round line belongs to the run line before it."""
+    """Read a rounds file back into runs, checking every field figures read and that every round line belongs to
+    the run line before it."""
     path = Path(path)
     data = read_bytes(path, RoundsError, "rounds file")
     try:
@@ -175,8 +242,16 @@ def read_rounds(path: str | Path) -> list[Run]:
     except UnicodeDecodeError:
         raise RoundsError(f"{path}: not UTF-8 text (expected JSON Lines from sim.replay --rounds-out)") from None
     runs: list[Run] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
         where = f"{path}:{lineno}"
+        if not line.strip():
+            if lineno == text.count("\n") + 1:  # after the last newline
+                break
+            raise RoundsError(f"{where}: blank line; expected one JSON object per line")
+        if len(line) > MAX_ROUNDS_LINE:
+            raise RoundsError(
+                f"{where}: a line of {len(line)} characters; sim.replay writes none over {MAX_ROUNDS_LINE}"
+            )
         obj = load_json(line, where, RoundsError)
         kind = obj.get("type") if isinstance(obj, dict) else None
         required = {"run": RUN_KEYS, "round": ROUND_KEYS}.get(kind, ()) if isinstance(kind, str) else ()
@@ -184,18 +259,33 @@ def read_rounds(path: str | Path) -> list[Run]:
         if missing:
             raise RoundsError(f"{where}: {kind} line lacks {', '.join(missing)}")
         if kind == "run":
-            if obj.get("run") != len(runs):
+            if obj.get("run") != len(runs) or isinstance(obj.get("run"), bool):
                 raise RoundsError(f"{where}: expected run number {len(runs)}, got {obj.get('run')!r}")
+            _check_fields(obj, RUN_TYPES, where)
             runs.append(Run({k: v for k, v in obj.items() if k not in ("type", "run")}, []))
         elif kind == "round":
-            if not runs or obj.get("run") != len(runs) - 1:
+            if not runs or obj.get("run") != len(runs) - 1 or isinstance(obj.get("run"), bool):
                 raise RoundsError(f"{where}: round line of run {obj.get('run')!r} does not follow its run line")
+            _check_fields(obj, ROUND_TYPES, where)
+            _check_round(obj, runs[-1], where)
             runs[-1].rounds.append({k: v for k, v in obj.items() if k not in ("type", "run")})
         else:
             raise RoundsError(f"{where}: expected a line of type 'run' or 'round', got {kind!r}")
     if not runs:
         raise RoundsError(f"{path}: no runs (expected JSON Lines from sim.replay --rounds-out)")
     return runs
+
+
+def _check_round(obj: dict[str, Any], run: Run, where: str) -> None:
+    """What a round must agree on with its run: its place in the run and the reply tokens it emitted."""
+    if obj["index"] != len(run.rounds):
+        raise RoundsError(f"{where}: expected round index {len(run.rounds)} of run {obj['run']}, got {obj['index']}")
+    generated = run.row["generated_tokens"]
+    if obj["first_token"] + obj["emitted"] > generated or obj["tokens"] > generated:
+        raise RoundsError(
+            f"{where}: round says first_token={obj['first_token']}, emitted={obj['emitted']}, tokens={obj['tokens']}, "
+            f"past the {generated} tokens its run generated"
+        )
 
 
 # ---------------------------------------------------------------- the reply as text

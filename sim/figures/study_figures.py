@@ -186,6 +186,10 @@ def rows_figure(
     return fig, ""
 
 
+# The figures of a study, each OUT/STUDY_KIND.png when the study supports it.
+FIGURES = ("history", "importances", "pareto", "rows")
+
+
 def study_figures(
     study: Any,
     baseline: int | None = 0,

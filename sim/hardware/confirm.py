@@ -25,34 +25,21 @@ import dataclasses
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from sim.engine.config import PolicyConfig, load_config_file, make_config, split_variant
-from sim.engine.costs import CostProfile
+from sim.engine.config import make_config
+from sim.engine.costs import Profile
 from sim.engine.lookup import PromptLookup
 from sim.engine.loop import Counters, run
 from sim.engine.replay import effective_max_tokens, geomean, replay, require_widths
 from sim.engine.timing import recurrence_timing
 from sim.engine.trace import Trace
-from sim.errors import ConfigError
+from sim.hardware.arms import PLAIN, Arm, build_arms  # noqa: F401 (the library's API)
 from sim.hardware.model import LoadedModel
+from sim.hardware.options import progress as progress_bar
 from sim.hardware.target import TorchTarget, decode_plain, synchronize
-
-PLAIN = "plain"
-
-
-@dataclass(frozen=True)
-class Arm:
-    label: str
-    config: PolicyConfig | None  # None: plain decoding
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"label": self.label, **(self.config.as_dict() if self.config else {"policy": PLAIN})}
 
 
 @dataclass
@@ -90,7 +77,7 @@ def confirm(
     lm: LoadedModel,
     traces: list[Trace],
     arms: list[Arm],
-    profile: CostProfile,
+    profile: Profile,
     reps: int,
     scripted: bool,
     max_tokens: int | None = None,
@@ -114,17 +101,13 @@ def collect(
     between: Callable[[int], None] | None = None,
 ) -> list[dict[str, list[RunResult]]]:
     """Every timed run, per trace and arm; `between(rep)` runs after each repetition (e.g. more profile rounds)."""
-    bar = tqdm(
-        total=len(traces) * reps * len(arms),
-        desc="confirm",
-        unit="run",
-        disable=None if progress else True,
-        leave=False,
-    )
+    bar = progress_bar(len(arms) + len(traces) * reps * len(arms), "confirm", "run", enabled=progress)
+    bar.set_postfix_str("warm-up")
     # Warm every arm up once on a short prefix (first calls allocate, pick kernels, fill caches).
     warm = traces[0]
     for arm in arms:
         run_arm(lm, warm, arm, min(warmup_tokens, effective_max_tokens(warm, None) or warmup_tokens), scripted)
+        bar.update(1)
     caps = [effective_max_tokens(trace, max_tokens) for trace in traces]
     runs: list[dict[str, list[RunResult]]] = [{arm.label: [] for arm in arms} for _ in traces]
     # Repetition by repetition over all traces: a burst of load from other jobs hits one repetition of many traces,
@@ -133,6 +116,7 @@ def collect(
         shift = rep % len(arms)
         for trace, cap, trace_runs in zip(traces, caps, runs, strict=True):
             for arm in arms[shift:] + arms[:shift]:
+                bar.set_postfix_str(f"rep {rep + 1}/{reps} {trace.name} {arm.label}"[:60], refresh=False)
                 trace_runs[arm.label].append(run_arm(lm, trace, arm, cap, scripted))
                 bar.update(1)
         if between is not None:
@@ -145,7 +129,7 @@ def rows_for(
     traces: list[Trace],
     arms: list[Arm],
     runs: list[dict[str, list[RunResult]]],
-    profile: CostProfile,
+    profile: Profile,
     max_tokens: int | None,
     scripted: bool,
 ) -> list[dict[str, Any]]:
@@ -159,7 +143,7 @@ def _rows(
     trace: Trace,
     arms: list[Arm],
     runs: dict[str, list[RunResult]],
-    profile: CostProfile,
+    profile: Profile,
     cap: int | None,
     max_tokens: int | None,
     scripted: bool,
@@ -268,20 +252,3 @@ def markdown(result: dict[str, Any]) -> str:
 def speedup_range(row: dict[str, Any]) -> str:
     """Lowest and highest per-repetition speedup, as `a-b`."""
     return f"{min(row['speedup_reps']):.2f}-{max(row['speedup_reps']):.2f}"
-
-
-def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
-    arms = [Arm(PLAIN, None)]
-    for variant in policies.split(",") if policies else []:
-        name, own = split_variant(variant)
-        config = make_config(name, own)
-        arms.append(Arm(config.label(), config))
-    for path in configs:
-        config = load_config_file(path)
-        arms.append(Arm(f"{Path(path).name}:{config.label()}", config))
-    labels = [a.label for a in arms]
-    if len(set(labels)) < len(labels):
-        raise ConfigError(f"two arms share a label: {', '.join(labels)}")
-    if len(arms) < 2:
-        raise ConfigError("no arm besides plain: give --policies and/or --config")
-    return arms

@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 import yaml
-from tqdm import tqdm
 
 from sim.engine.costs import profile_from_dict
 from sim.errors import UserError
 from sim.hardware.model import LoadedModel, versions
+from sim.hardware.options import DEFAULT_MAX_WIDTH
+from sim.hardware.options import progress as progress_bar
 from sim.hardware.target import TorchTarget, synchronize
 from sim.hardware.tokenizer import GPT2_EOS
 from sim.io import write_atomic
@@ -45,7 +46,7 @@ from sim.io import write_atomic
 def measure(
     lm: LoadedModel,
     prompt_tokens: int = 300,
-    max_width: int = 8,
+    max_width: int = DEFAULT_MAX_WIDTH,
     rounds: int = 21,
     warmup: int = 3,
     steps: tuple[int, int] = (8, 40),
@@ -53,21 +54,22 @@ def measure(
     prefill_rounds: int = 5,
     seed: int = 0,
     progress: bool = True,
+    desc: str = "measure",
 ) -> dict[str, Any]:
     """All timings in milliseconds: medians and every sample, for the profile and for result files."""
     if max_width < 1 or rounds < 1 or warmup < 0 or prompt_tokens < 2:
         raise UserError("need --max-width >= 1, --rounds >= 1, --warmup >= 0 and --prompt-tokens >= 2")
     if not 1 <= steps[0] < steps[1]:
         raise UserError(f"--steps must satisfy 1 <= K1 < K2, got {steps[0]},{steps[1]}")
-    if len(set(prefill_lengths)) < 2 or min(prefill_lengths) < 1:
+    if prefill_lengths and (len(set(prefill_lengths)) < 2 or min(prefill_lengths) < 1):
         raise UserError("--prefill-lengths needs at least two different lengths >= 1 to fit prefill cost")
     rng = np.random.default_rng(seed)
     # Token values do not change a forward's cost; ids stay inside GPT-2's range, valid for every named vocabulary.
     high = min(lm.model.config.vocab_size, GPT2_EOS)
-    prompt = rng.integers(0, high, size=max(prompt_tokens, max(prefill_lengths))).tolist()
+    prompt = rng.integers(0, high, size=max([prompt_tokens, *prefill_lengths])).tolist()
     proposal = rng.integers(0, high, size=max_width - 1).tolist()
     total = warmup * (max_width + 2) + rounds * (max_width + 2) + len(prefill_lengths) * (prefill_rounds + 1)
-    bar = tqdm(total=total, desc="measure", unit="round", disable=None if progress else True, leave=False)
+    bar = progress_bar(total, desc, "round", enabled=progress)
 
     target = TorchTarget(lm, prompt[:prompt_tokens])
     first = target.prefill()
@@ -102,21 +104,43 @@ def measure(
         for width in range(1, max_width + 1):
             sync[width].append(timed(verify(width)))
 
+    prefill = measure_prefill(lm, prompt, prefill_lengths, prefill_rounds, bar.update)
+    bar.close()
+    return _summary(prompt_tokens, warmup, steps, per_step, sync, prefill)
+
+
+def measure_prefill(
+    lm: LoadedModel, prompt: Sequence[int], lengths: Sequence[int], rounds: int, tick: Callable[[int], object]
+) -> dict[int, list[float]]:
+    """Time to the first token (the prompt's forward and the host read) at each length: `rounds` samples after
+    one that warms the shape up."""
     prefill: dict[int, list[float]] = {}
-    for length in sorted(set(prefill_lengths)):
+    for length in sorted(set(lengths)):
         samples = []
-        for r in range(prefill_rounds + 1):  # the first one warms this shape up
+        for r in range(rounds + 1):
             fresh = TorchTarget(lm, prompt[:length])
             synchronize(lm)
             start = time.perf_counter()
-            fresh.prefill()  # the prompt's forward and the host read of the first token
+            fresh.prefill()
             elapsed = (time.perf_counter() - start) * 1000.0
             if r:
                 samples.append(elapsed)
-            bar.update(1)
+            tick(1)
         prefill[length] = samples
-    bar.close()
-    return _summary(prompt_tokens, warmup, steps, per_step, sync, prefill)
+    return prefill
+
+
+def fit_prefill(medians: dict[int, float]) -> tuple[float, float, float, str]:
+    """(fixed, per token, per token^2, how): a quadratic least-squares fit where three or more lengths give a
+    positive curvature (attention's cost grows with the square of the prompt), else a straight line."""
+    lengths = sorted(medians)
+    ys = [medians[n] for n in lengths]
+    if len(lengths) >= 3:
+        c2, c1, c0 = (float(v) for v in np.polyfit(lengths, ys, 2))
+        if c2 > 0 and c1 >= 0:
+            return c0, c1, c2, "least-squares quadratic"
+    c1, c0 = (float(v) for v in np.polyfit(lengths, ys, 1))
+    return c0, c1, 0.0, "least-squares line"
 
 
 def _summary(
@@ -129,7 +153,7 @@ def _summary(
 ) -> dict[str, Any]:
     lengths = sorted(prefill)
     medians = [statistics.median(prefill[n]) for n in lengths]
-    slope, intercept = np.polyfit(lengths, medians, 1)
+    slope, intercept = np.polyfit(lengths, medians, 1) if len(lengths) >= 2 else (0.0, 0.0)
     return {
         "prompt_tokens": prompt_tokens,
         "rounds": len(per_step),
@@ -183,9 +207,18 @@ def profile_data(m: dict[str, Any], lm: LoadedModel, name: str, command: str) ->
             f"measured P {p:.4f} ms exceeded S(1) {sync[0]:.4f} ms (no host gap on this device); P set to S(1)"
         )
         p = sync[0]
+    fixed, slope = m["prefill_fixed_ms"], m["prefill_per_prompt_token_ms"]
+    if slope < 0:
+        # Prefill never gets cheaper with a longer prompt: a negative fit is noise over too close lengths.
+        notes.append(
+            f"fitted prefill slope {slope:.6f} ms/token was negative (noise); set to 0, fixed cost the mean of the "
+            "medians"
+        )
+        slope = 0.0
+        fixed = statistics.mean(m["prefill_median_ms"].values())
+    fixed = max(fixed, 0.0)
     info = lm.info
     v = versions()
-    fixed = max(m["prefill_fixed_ms"], 0.0)
     return {
         "name": name,
         "model": f"{info['name']} ({info['model_type']}, {info['parameters'] / 1e6:.1f}M parameters, "
@@ -200,7 +233,7 @@ def profile_data(m: dict[str, Any], lm: LoadedModel, name: str, command: str) ->
         "extend": "error",
         "prefill": {
             "fixed_ms": round(fixed, 4),
-            "per_prompt_token_ms": round(m["prefill_per_prompt_token_ms"], 6),
+            "per_prompt_token_ms": round(slope, 6),
             "source": "least-squares line through the median time to the first token at prompt lengths "
             + ", ".join(m["prefill_median_ms"])
             + " (ms: "
@@ -214,3 +247,61 @@ def write_profile(path: str | Path, data: dict[str, Any]) -> None:
     """Validate through the same loader replay uses, then write atomically."""
     profile_from_dict(data, str(path))
     write_atomic(path, yaml.safe_dump(data, sort_keys=False, width=1000))
+
+
+def grid_profile_data(
+    by_context: dict[int, dict[str, Any]],
+    prefill: dict[int, list[float]],
+    lm: LoadedModel,
+    name: str,
+    command: str,
+) -> dict[str, Any]:
+    """A v2 profile (docs/profiles.md): P and S(1..W) per context length, prefill fitted over the lengths timed,
+    and per grid point the medians' spread (lowest and highest sample) in `measurements`."""
+    contexts = sorted(by_context)
+    points = [profile_data(by_context[n], lm, name, command) for n in contexts]  # each with its P <= S(1) rule
+    medians = {n: statistics.median(samples) for n, samples in sorted(prefill.items())}
+    fixed, per_token, per_token2, how = fit_prefill(medians)
+    notes = [f"P and S(1..W) measured after a prefill of each context length ({', '.join(map(str, contexts))})"]
+    notes += [f"at {n}: {point['notes']}" for n, point in zip(contexts, points, strict=True)]
+    if per_token < 0:
+        notes.append(f"fitted prefill slope {per_token:.6f} ms/token was negative (noise); set to 0")
+        fixed, per_token, per_token2 = statistics.mean(medians.values()), 0.0, 0.0
+    base = points[0]
+    return {
+        "name": name,
+        "model": base["model"],
+        "machine": base["machine"],
+        "date": base["date"],
+        "source": base["source"],
+        "notes": "; ".join(notes),
+        "contexts": contexts,
+        "pipelined_ms": [point["pipelined_ms"] for point in points],
+        "sync_ms": [point["sync_ms"] for point in points],
+        "extend": "error",
+        "prefill": {
+            "fixed_ms": round(max(fixed, 0.0), 4),
+            "per_prompt_token_ms": round(per_token, 6),
+            "per_prompt_token2_ms": round(per_token2, 9),
+            "source": f"{how} through the median time to the first token at prompt lengths "
+            + ", ".join(f"{n} ({m:.3f} ms)" for n, m in medians.items()),
+        },
+        "measurements": {
+            str(n): {
+                "rounds": by_context[n]["rounds"],
+                "pipelined_ms": {
+                    "median": round(by_context[n]["pipelined_ms"], 4),
+                    **_spread(by_context[n]["pipelined_samples_ms"]),
+                },
+                "sync_ms": {
+                    w: {"median": round(statistics.median(v), 4), **_spread(v)}
+                    for w, v in by_context[n]["sync_samples_ms"].items()
+                },
+            }
+            for n in contexts
+        },
+    }
+
+
+def _spread(samples: Sequence[float]) -> dict[str, float]:
+    return {"low": round(min(samples), 4), "high": round(max(samples), 4)}

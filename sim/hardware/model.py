@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +32,15 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config  # noqa: E402
 
 from sim.errors import ModelError  # noqa: E402
+from sim.hardware.options import ARCH_NAMES, DTYPE_NAMES, ModelLimits, add_model_args  # noqa: E402, F401
 from sim.hardware.tokenizer import GPT2_EOS, GPT2_N_VOCAB, load_gpt2  # noqa: E402
+from sim.io import load_json, read_bytes  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # one clear line per problem, not library chatter
 transformers.logging.disable_progress_bar()
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+assert tuple(DTYPES) == DTYPE_NAMES
 
 # Named architectures. The real ones copy the shapes of the published checkpoints' config.json
 # (vocabulary, widths, depth, heads, RoPE); `tiny` is for tests, `mid` for CPU benchmarks.
@@ -61,7 +65,7 @@ ARCHS: dict[str, tuple[type, dict[str, Any]]] = {
     ),
     "mid": (
         Qwen3Config,
-        dict(  # ~29.7M parameters: CPU closed-loop benchmark
+        dict(  # ~29.7M parameters: CPU closed-loop benchmarks, the long-context one up to 4.6k positions
             vocab_size=50304,
             hidden_size=256,
             intermediate_size=1024,
@@ -69,7 +73,7 @@ ARCHS: dict[str, tuple[type, dict[str, Any]]] = {
             num_attention_heads=4,
             num_key_value_heads=2,
             head_dim=64,
-            max_position_embeddings=4096,
+            max_position_embeddings=8192,  # RoPE: positions add no weights, so the weights stay those of 4096
             tie_word_embeddings=False,
             rope_parameters=_QWEN3_ROPE,
         ),
@@ -130,6 +134,7 @@ ARCHS: dict[str, tuple[type, dict[str, Any]]] = {
         ),
     ),
 }
+assert tuple(ARCHS) == ARCH_NAMES  # the command lines offer these names without importing torch
 
 
 @dataclass
@@ -166,9 +171,12 @@ def resolve_device(name: str | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ModelError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
-    if not (name == "cpu" or name.startswith("cuda")):
+    if not (name == "cpu" or name == "cuda" or re.fullmatch(r"cuda:\d+", name)):
         raise ModelError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ModelError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
@@ -237,12 +245,16 @@ def _eos_ids(path: Path, config) -> tuple[int, ...]:
     eos = None
     generation = path / "generation_config.json"
     if generation.is_file():
-        eos = json.loads(generation.read_text()).get("eos_token_id")
+        raw = load_json(read_bytes(generation, ModelError, "generation config"), str(generation), ModelError)
+        eos = raw.get("eos_token_id") if isinstance(raw, dict) else None
     if eos is None:
         eos = getattr(config, "eos_token_id", None)
     if eos is None:
         return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ModelError(f"{path}: eos_token_id must be a token id or a list of them, got {eos!r}")
+    return tuple(ids)
 
 
 def load_model(
@@ -268,11 +280,8 @@ def load_model(
     else:
         assert path is not None  # exactly one of arch and path is given (checked above), and arch is None here
         folder = Path(path)
-        if not (folder / "config.json").is_file():
-            what = "no such directory" if not folder.is_dir() else "no config.json in it"
-            raise ModelError(f"--model {path}: {what} (a local Hugging Face checkpoint directory is expected)")
+        config = checkpoint_config(path)
         try:
-            config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
             if random_weights:
                 model = _random_model(config, dev, dt, seed)
             else:
@@ -326,38 +335,31 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------- command line, shared by record/measure/confirm
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model")
-    source = group.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--model",
-        metavar="PATH",
-        help="local Hugging Face checkpoint directory, never downloaded (its tokenizer, else GPT-2's)",
-    )
-    source.add_argument(
-        "--arch",
-        choices=sorted(ARCHS),
-        help="named architecture built with random weights (tiny and mid for CPU tests and benchmarks)",
-    )
-    group.add_argument(
-        "--random-weights",
-        action="store_true",
-        help="with --model: build the checkpoint's architecture with random weights instead of "
-        "loading them (--arch always uses random weights)",
-    )
-    group.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when there is one)")
-    group.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", *DTYPES],
-        help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)",
-    )
-    group.add_argument(
-        "--threads",
-        type=int,
-        help="CPU threads for torch (default: torch's choice); 1 steadies timings on a shared machine",
-    )
+def checkpoint_config(path: str):
+    """A local checkpoint's configuration (config.json), without its weights."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        what = "no such directory" if not folder.is_dir() else "no config.json in it"
+        raise ModelError(f"--model {path}: {what} (a local Hugging Face checkpoint directory is expected)")
+    try:
+        return AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelError(f"--model {path}: cannot load ({str(err).splitlines()[0]})") from None
+
+
+def model_limits(args: argparse.Namespace) -> ModelLimits:
+    """The vocabulary and position limit of the model the options name, from its configuration alone (no
+    weights built), so that inputs it cannot take are refused before minutes of loading."""
+    if args.arch is not None:
+        config, name = arch_config(args.arch), args.arch
+    else:
+        config, name = checkpoint_config(args.model), Path(args.model).name
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    vocab = getattr(text, "vocab_size", None)
+    positions = getattr(text, "max_position_embeddings", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ModelError(f"--model {args.model}: config.json names no vocab_size")
+    return ModelLimits(name, vocab, positions if isinstance(positions, int) and positions > 0 else None)
 
 
 def model_from_args(args: argparse.Namespace) -> LoadedModel:

@@ -13,38 +13,25 @@ accepts a `.partial` (with a warning) as a run cut at its last complete line.
 
 from __future__ import annotations
 
-import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from sim.engine.trace import header_line, read_trace, token_line, write_trace
-from sim.errors import ModelError, UserError
+from sim.engine.trace import header_line, token_line, write_trace
+from sim.errors import ModelError
 from sim.hardware.model import LoadedModel, Prompter
+from sim.hardware.options import progress
+from sim.hardware.prompts import PromptFile, encode, output_paths, read_prompt  # noqa: F401 (the library's API)
 from sim.hardware.target import TorchTarget, decode_plain
-from sim.io import read_bytes
 
 DIGITS = 5  # logits and margins are rounded so that files stay short and diff cleanly
 
 
 def prompt_source(path: str, prompter: Prompter, use_chat_template: bool) -> tuple[str, list[int], dict[str, Any]]:
     """(name, prompt tokens, header metadata) from a text file, or from a trace file's prompt tokens."""
-    file = Path(path)
-    data = read_bytes(path, UserError, "prompt file")
-    meta = {"prompt_file": str(path), "prompt_sha256": hashlib.sha256(data).hexdigest()}
-    if file.name.endswith((".jsonl", ".jsonl.partial")):
-        trace = read_trace(path)
-        return trace.name, list(trace.prompt_tokens), {**meta, "prompt_from_trace": True}
-    try:
-        text = data.decode("utf-8").rstrip("\n")  # as the bundled traces: the prompt without its final newline
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: prompt file is not UTF-8 text") from None
-    if not text:
-        raise UserError(f"{path}: empty prompt")
-    tokens = prompter.prompt(text, use_chat_template)
-    chat = use_chat_template and prompter.chat is not None
-    return file.stem, tokens, {**meta, "chat_template": chat}
+    prompt = read_prompt(path)
+    tokens, meta = encode(prompt, prompter, use_chat_template)
+    return prompt.name, tokens, meta
 
 
 def record_one(
@@ -57,8 +44,13 @@ def record_one(
     top: int,
     versions: dict[str, str],
     command: str,
+    force: bool = False,
 ) -> tuple[Path, int, str]:
-    """Decode one prompt plainly and write its trace; returns (path, tokens, stop)."""
+    """Decode one prompt plainly and write its trace; returns (path, tokens, stop).
+
+    An existing `NAME.jsonl.partial` is replaced only with `force` (the caller refuses existing outputs before any
+    decoding); it is created afresh, never through a link planted in its place.
+    """
     header: dict[str, Any] = {
         "name": name,
         "model": lm.label,
@@ -74,8 +66,7 @@ def record_one(
         "command": command,
         **meta,
     }
-    final = out_dir / f"{name}.jsonl"
-    partial = out_dir / f"{name}.jsonl.partial"
+    final, partial = output_paths(out_dir, name)
     # Until the run ends its stop is unknown: the partial file says "cut here", which is what it is if we crash.
     partial_header = {
         **header,
@@ -87,9 +78,12 @@ def record_one(
     margins: list[float] = []
     tops: list[Any] = []
     out_dir.mkdir(parents=True, exist_ok=True)
+    if force and (partial.is_symlink() or partial.is_file()):
+        partial.unlink()
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with (
-        open(partial, "w", encoding="utf-8", newline="\n") as stream,
-        tqdm(total=max_tokens, desc=name, unit="tok", disable=None, leave=False) as bar,
+        open(fd, "w", encoding="utf-8", newline="\n") as stream,
+        progress(max_tokens, f"record {name}", "tok") as bar,
     ):
         stream.write(header_line(partial_header))
         stream.flush()

@@ -156,7 +156,7 @@ class TorchTarget:
     def is_eos(self, token: int) -> bool:
         return token in self.eos_ids
 
-    # ------------------------------------------------------------- measurement helpers (sim.widthcost)
+    # ------------------------------------------------------------- measurement helpers (sim.hardware.measure)
 
     @property
     def cache_length(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.engine.config import PolicyConfig
-from sim.engine.costs import CostProfile, load_profile
+from sim.engine.costs import Profile, load_profile
 from sim.engine.replay import ReplayRow, effective_max_tokens, geomean, require_widths, run_trace, stopped_on_eos
 from sim.engine.timing import NO_JITTER, plain_actions, recurrence_timing
 from sim.engine.trace import Trace, read_trace
@@ -21,7 +21,7 @@ from sim.engine.trace import Trace, read_trace
 class MatrixEvaluator:
     """The traces and profiles of a study, loaded once per process; `evaluate` gives every row of one config."""
 
-    def __init__(self, traces: Sequence[Trace], profiles: Sequence[CostProfile]):
+    def __init__(self, traces: Sequence[Trace], profiles: Sequence[Profile]):
         self.traces = list(traces)
         self.profiles = list(profiles)
         self._plain_ms: dict[tuple[int, int, int, bool], float] = {}

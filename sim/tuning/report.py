@@ -1,4 +1,5 @@
-"""What the morning shows: studies/NAME/best.yaml, report.md and PNG plots, from the study's storage.
+"""What the morning shows: best.yaml, report.md and PNG plots in the report folder (runs/NAME/ by default), from
+the study's storage.
 
 Everything here is a function of the stored trials, the spec and the inputs
 (trial numbers, parameters, values; never wall-clock times), so the same study
@@ -28,7 +29,7 @@ from sim.figures.style import save
 from sim.io import write_atomic
 from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
-from sim.tuning.spec import OBJECTIVES, StudySpec
+from sim.tuning.spec import OBJECTIVES, StudySpec, default_out
 from sim.tuning.storage import redacted, storage_kind
 
 SCORES = tuple(OBJECTIVES)
@@ -110,11 +111,12 @@ def render(
     rows: tuple[list[ReplayRow], list[ReplayRow] | None],
     importances: dict[str, float],
     figures: tuple[list[str], list[str]] | None,
+    removed_best: bool = False,
 ) -> tuple[str, dict[str, Any] | None, str]:
     """(report.md text, best.yaml mapping or None, one-paragraph summary).
 
     best: stored.best_trial(study); rows: the baseline's and the best trial's rows on the matrix; figures: PNG names
-    and a note per figure skipped."""
+    and a note per figure skipped; removed_best: whether an earlier best.yaml was removed from `out` (no best now)."""
     trials = study.get_trials(deepcopy=False)
     base_rows, best_rows = rows
     front = sorted(study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
@@ -135,7 +137,8 @@ def render(
     best_yaml = None
     if best is None:
         summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
-        lines += ["**No feasible completed trial yet.** No best.yaml was written.", ""]
+        removed = " The best.yaml an earlier study had left in this folder was removed." if removed_best else ""
+        lines += [f"**No feasible completed trial yet.** No best.yaml was written.{removed}", ""]
         best_rows = base_rows
     else:
         if best_rows is None:
@@ -196,32 +199,39 @@ def render(
         names, notes = figures
         lines += ["## Plots", ""] + [f"![{FIGURES[Path(name).stem]}]({name})\n" for name in names]
         lines += [f"- {note}" for note in notes] + ([""] if notes else [])
-    lines += _provenance(spec, matrix, study, storage, out)
+    lines += _provenance(spec, matrix, study, storage, out, best is not None)
     return "\n".join(lines), best_yaml, summary
 
 
-def _rebuild(spec: StudySpec, invocations: list[dict[str, Any]]) -> list[str]:
-    """The commands that made the stored study, for a checkout without its storage file."""
+def _rebuild(spec: StudySpec, invocations: list[dict[str, Any]], where: str) -> list[str]:
+    """The commands that made the stored study, in order, for a checkout without its storage file; `where` is the
+    --storage/--out flags that put the study and this report where they are."""
     lines = []
     for run in invocations:
-        flags = f" --n-trials {run['n_trials']}" + (f" --max-trials {run['max_trials']}" if run["max_trials"] else "")
-        flags += f" --workers {run['workers']}" if run["workers"] > 1 else ""
-        lines.append(f"    python -m sim.tune {spec.path}{flags}")
+        flags = f" --n-trials {run['n_trials']}" if run.get("n_trials") is not None else ""
+        flags += f" --max-trials {run['max_trials']}" if run.get("max_trials") else ""
+        flags += f" --workers {run['workers']}" if run.get("workers", 1) > 1 else ""
+        lines.append(f"    python -m sim.tune {spec.path}{flags}{where}")
     return lines
 
 
-def _provenance(spec: StudySpec, matrix: MatrixEvaluator, study: optuna.Study, storage: str, out: Path) -> list[str]:
+def _provenance(
+    spec: StudySpec, matrix: MatrixEvaluator, study: optuna.Study, storage: str, out: Path, has_best: bool
+) -> list[str]:
     storage = redacted(storage)
     workers = " --workers 2" if storage_kind(storage) == "journal" else ""
-    storage_flag = "" if storage == spec.storage else f" --storage {storage}"
-    rebuild = _rebuild(spec, study.user_attrs.get("invocations", []))
+    where = "" if storage == spec.storage else f" --storage {storage}"
+    where += "" if Path(out) == default_out(spec.name) else f" --out {out}"
+    rebuild = _rebuild(spec, study.user_attrs.get("invocations", []), where)
     single = all("--workers" not in line for line in rebuild)
+    matrix_args = f"{' '.join(spec.traces)} --profile {','.join(spec.profiles)}"
+    replay = [f"    python -m sim.replay --config {out / 'best.yaml'} {matrix_args}"] if has_best else []
     lines = [
         "## Reproduce",
         "",
-        f"The storage ({storage}) is not committed. On a fresh checkout, these commands rebuild the study"
+        f"The storage ({storage}) is not committed. Where it does not exist yet, these commands rebuild this folder"
         + (
-            " trial for trial (one worker, seeded sampler):"
+            " trial for trial, byte for byte (one worker, seeded sampler):"
             if single
             else " (several workers: the same kind of study, not the same trials):"
         ),
@@ -230,12 +240,12 @@ def _provenance(spec: StudySpec, matrix: MatrixEvaluator, study: optuna.Study, s
         "",
         "Then:",
         "",
-        f"    python -m sim.tune {spec.path}{workers}{storage_flag}     # continues the study in {storage}",
-        f"    python -m sim.replay --config {out / 'best.yaml'} {' '.join(spec.traces)} "
-        f"--profile {','.join(spec.profiles)}",
+        f"    python -m sim.tune {spec.path}{workers}{where}     # continues the study in {storage}",
+        *replay,
         f"    {dashboard_command(storage)}",
         "",
-        f"Sampler {spec.sampler}, seed {spec.seed} (worker i uses seed + i; one worker is deterministic). "
+        f"Sampler {spec.sampler}, seed {spec.seed} (the first run's first worker uses it; every other worker and "
+        "every later run derives its own seed from it, so none repeats another's points). "
         f"optuna {optuna.__version__}, Python {sys.version_info.major}.{sys.version_info.minor}.",
         "",
         "## Inputs",
@@ -287,8 +297,13 @@ def write_report(
     best = stored.best_trial(study)  # feasible, best on the first objective, on the Pareto front
     rows = (matrix.evaluate(spec.baseline), matrix.evaluate(spec.config(best.params)) if best else None)
     figures = write_figures(spec, study, found, best, rows, out) if plots else None
-    text, best_yaml, summary = render(spec, matrix, study, storage, out, best, rows, ranked, figures)
+    stale = out / "best.yaml"
+    removed_best = best is None and (stale.exists() or stale.is_symlink())
+    if removed_best:  # no configuration of this study may be mistaken for its best: one unlink, atomic
+        stale.unlink()
+    text, best_yaml, summary = render(spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best)
     write_atomic(out / "report.md", text)
     if best_yaml is not None:  # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
         write_atomic(out / "best.yaml", yaml.safe_dump(best_yaml, sort_keys=True))
-    return f"{summary}\nreport: {out / 'report.md'}"
+    removed = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed_best else ""
+    return f"{summary}\nreport: {out / 'report.md'}{removed}"

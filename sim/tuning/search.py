@@ -1,47 +1,112 @@
-"""Running trials: samplers, one trial over the matrix, workers that share a study, the trial cap.
-
-Each trial evaluates one configuration on every row of the matrix
-(sim/tuning/evaluation.py) and maximises the objective(s); constraints go
-through optuna's constraint support (`Trial.set_constraint`, optuna 5's
-successor of constraints_func), so infeasible trials are kept and marked. The
-baseline is enqueued as trial 0. Workers drive optuna's ask/tell themselves so
-that, near a trial cap, creating a trial happens under `TrialGate`: caps are
-exact, also with several workers on several machines.
-"""
-
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
+import os
+import signal
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from types import FrameType
+from typing import Any, Literal
 
+import numpy as np
 import optuna
 from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
-from sim.errors import ConfigError, ProfileError
+from sim.errors import ConfigError, ProfileError, UserError
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
 from sim.tuning.spec import OBJECTIVES, StudySpec, baseline_params, load_spec
-from sim.tuning.storage import TrialGate, heartbeat, open_storage
+from sim.tuning.storage import TrialGate, heartbeat, open_storage, reading
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GATE_MARGIN = 64  # the last trials before a cap are created one worker at a time; see ask_below
+STOP_GRACE_S = 10.0  # a stopped worker has this long to mark its trial failed before it is killed
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def make_sampler(spec: StudySpec, worker: int) -> optuna.samplers.BaseSampler:
-    """Seeded; each worker gets its own seed so parallel workers do not propose the same points.
+def sampler_seed(seed: int, invocation: int, worker: int) -> int:
+    """The sampler seed of one worker of one invocation of a study.
+
+    The first invocation's first worker uses the spec's seed itself (so a one-worker study is what its seed alone
+    makes); every other (invocation, worker) pair gets its own seed derived from the spec's, so neither parallel
+    workers nor later or concurrent invocations repeat each other's points. The invocation number comes from the
+    study (sim.tune counts them under its lock), so rerunning the same commands in order gives the same seeds.
+    """
+    if invocation == 0 and worker == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, invocation, worker]).generate_state(1)[0])
+
+
+def make_sampler(spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
+    """Seeded with `seed` (see sampler_seed).
 
     Constraints reach the samplers through `Trial.set_constraint` (optuna 5's replacement of constraints_func).
     """
-    seed = spec.seed + worker
     if spec.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When an invocation stops starting trials.
+
+    own: trials this invocation starts, over all its workers (None: no own limit); cap: trials the study may
+    hold, every state and every invocation counted (None: no cap); deadline: a time.time() (None: none).
+    """
+
+    own: int | None
+    cap: int | None
+    deadline: float | None
+
+
+class Tally:
+    """The trials one invocation has started and finished, in one process (see WorkerTally for a worker's)."""
+
+    def __init__(self, on_finish: Callable[[], object] = lambda: None):
+        self.started = 0
+        self.finished = 0
+        self.on_finish = on_finish
+
+    def claim(self, own: int | None) -> bool:
+        """Take one of the invocation's `own` trials; False once all are taken."""
+        if own is not None and self.started >= own:
+            return False
+        self.started += 1
+        return True
+
+    def finish(self) -> None:
+        self.finished += 1
+        self.on_finish()
+
+
+class WorkerTally(Tally):
+    """A worker process's tally: the parent keeps the count, asked over a pipe. A parent that is gone (the pipe
+    closed) grants no more trials."""
+
+    def __init__(self, conn: Connection):
+        super().__init__()
+        self.conn = conn
+
+    def claim(self, own: int | None) -> bool:
+        try:
+            self.conn.send("claim")
+            return bool(self.conn.recv())
+        except (EOFError, OSError):
+            return False
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send("done")
 
 
 def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: float) -> list[float]:
@@ -80,7 +145,7 @@ def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: f
     return [scores[name] for name in spec.objectives]
 
 
-def ask_below(study: optuna.Study, gate: TrialGate, cap: int) -> Trial | None:
+def ask_below(study: optuna.Study, gate: TrialGate, cap: int | None) -> Trial | None:
     """A new trial while the study holds fewer than `cap` trials (every state counted), else None.
 
     Near the cap, count-then-create runs under the gate, so no two workers can both take the last slot.
@@ -88,7 +153,7 @@ def ask_below(study: optuna.Study, gate: TrialGate, cap: int) -> Trial | None:
     every worker but one idle. A worker stalled between its count and its ask for longer than the
     others take to run GATE_MARGIN trials could still overshoot the cap by one.
     """
-    if len(study.get_trials(deepcopy=False)) < cap - GATE_MARGIN:
+    if cap is None or len(study.get_trials(deepcopy=False)) < cap - GATE_MARGIN:
         return study.ask()
     with gate:
         return study.ask() if len(study.get_trials(deepcopy=False)) < cap else None
@@ -98,104 +163,262 @@ def work(
     spec: StudySpec,
     matrix: MatrixEvaluator,
     storage_url: str,
-    cap: int,
-    deadline: float | None,
-    worker: int,
+    limits: Limits,
+    seed: int,
     heartbeat_s: int,
     sleep_s: float,
-    done: Callable[[], None] = lambda: None,
+    tally: Tally,
 ) -> None:
-    """Run trials until the study holds `cap` trials or the deadline passes."""
+    """Run trials until this invocation has started its own trials, the study holds `cap`, or the deadline passes.
+
+    A trial interrupted while it runs (Ctrl-C, SIGTERM) is told FAIL before the interrupt goes on."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url, heartbeat_s)
-    study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec, worker))
+    with reading(storage_url):
+        study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec, seed))
     gate = TrialGate(storage_url, spec.name)
     try:
-        while deadline is None or time.time() < deadline:
+        while limits.deadline is None or time.time() < limits.deadline:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # ask() warns that heartbeats belong to optimize(); we beat below
                 optuna.storages.fail_stale_trials(study)
-                trial = ask_below(study, gate, cap)
+                if not tally.claim(limits.own):
+                    return
+                trial = ask_below(study, gate, limits.cap)
             if trial is None:
                 return
             with heartbeat(storage, trial._trial_id):
                 try:
-                    study.tell(trial, run_trial(trial, spec, matrix, sleep_s))
+                    values = run_trial(trial, spec, matrix, sleep_s)
                 except optuna.TrialPruned:
                     study.tell(trial, state=TrialState.PRUNED)
-                except BaseException:  # a bug or Ctrl-C: the trial is failed, not left RUNNING
+                except BaseException:  # a bug, Ctrl-C or SIGTERM: the trial is failed, not left RUNNING
                     study.tell(trial, state=TrialState.FAIL)
                     raise
-            done()
+                else:
+                    study.tell(trial, values)
+            tally.finish()
     finally:
         gate.close()
 
 
-def _worker_process(
-    spec_path: str, storage_url: str, cap: int, deadline: float | None, worker: int, heartbeat_s: int, sleep_s: float
-) -> None:
-    spec = load_spec(spec_path)
-    work(
-        spec, MatrixEvaluator.load(spec.traces, spec.profiles), storage_url, cap, deadline, worker, heartbeat_s, sleep_s
-    )
-
-
-def prepare(spec: StudySpec, storage_url: str, heartbeat_s: int) -> tuple[optuna.Study, int]:
-    """Create or continue the study; a new study gets the baseline as its first trial. Returns the trials it held."""
+def prepare(
+    spec: StudySpec, storage_url: str, heartbeat_s: int, run: dict[str, Any] | None
+) -> tuple[optuna.Study, int, int]:
+    """Create or continue the study; a new study gets the baseline as its first trial. With `run` (what this
+    invocation was asked to do), record it in the study's `invocations`, so the report can say how to rebuild the
+    study. Returns (study, trials it held, this invocation's number among those recorded)."""
     storage = open_storage(storage_url, heartbeat_s)
+    with reading(storage_url):  # a damaged database fails here, before any lock file is made
+        for frozen in storage.get_all_studies():
+            if frozen.study_name == spec.name:
+                storage.get_all_trials(frozen._study_id, deepcopy=False)
     directions: list[Literal["maximize"]] = ["maximize"] * len(spec.objectives)
-    study = optuna.create_study(study_name=spec.name, storage=storage, directions=directions, load_if_exists=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(list(spec.objectives))
     baseline = baseline_params(spec)
     gate = TrialGate(storage_url, spec.name)
     try:
-        with gate:  # two machines starting together enqueue it once
+        with gate, reading(storage_url):  # invocations starting together: one creates, one enqueues, each counted
+            study = optuna.create_study(
+                study_name=spec.name, storage=storage, directions=directions, load_if_exists=True
+            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names(list(spec.objectives))
             held = len(study.get_trials(deepcopy=False))
             if held == 0 and baseline is not None:
                 study.enqueue_trial(baseline, user_attrs={"baseline": True})
+            runs = study.user_attrs.get("invocations", [])
+            if run is not None:
+                study.set_user_attr("invocations", [*runs, run])
     finally:
         gate.close()
-    return study, held
+    return study, held, len(runs)
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies (Linux), else watch the parent from a thread; and if it
+    is already gone, go now."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            armed = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    if not armed:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+    """A worker's SIGTERM: once, as KeyboardInterrupt, so the running trial is told FAIL; later ones are ignored."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _worker_process(
+    spec_path: str,
+    storage_url: str,
+    limits: Limits,
+    seed: int,
+    heartbeat_s: int,
+    sleep_s: float,
+    conn: Connection,
+    parent: int,
+) -> None:
+    """One worker process: dies with its parent, stops on SIGTERM (its trial told FAIL), and hands a user error
+    back to the parent as one line instead of a traceback."""
+    _die_with_parent(parent)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        spec = load_spec(spec_path)
+        matrix = MatrixEvaluator.load(spec.traces, spec.profiles)
+        work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, WorkerTally(conn))
+    except KeyboardInterrupt:  # SIGTERM: end as killed by it, so the parent reports what stopped this worker
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    except (UserError, OSError) as err:
+        with contextlib.suppress(OSError):
+            conn.send(f"error {err}")
+        sys.exit(2)
+
+
+def _death(worker: int, code: int | None, messages: dict[int, str]) -> str:
+    if worker in messages:
+        return f"worker {worker} stopped: {messages[worker]}"
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"worker {worker} was killed by {name}"
+    return f"worker {worker} exited with code {code} (its traceback, if any, is above)"
+
+
+def _stop(procs: list[Any]) -> None:
+    """Stop every worker still running: SIGTERM (each marks its trial failed), then SIGKILL after a grace."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Workers start with Ctrl-C ignored (it reaches the whole foreground group): the parent stops them itself."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are not ours to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_workers(
     spec: StudySpec,
     storage_url: str,
-    cap: int,
-    deadline: float | None,
+    limits: Limits,
+    invocation: int,
     workers: int,
     heartbeat_s: int,
     sleep_s: float,
     study: optuna.Study,
     matrix: MatrixEvaluator,
-) -> None:
-    """Run trials in this process (one worker) or in `workers` processes, with one progress bar."""
-    start = len(study.get_trials(deepcopy=False, states=FINISHED))
-    total = max(cap - start, 0)
+) -> list[str]:
+    """Run trials in this process (one worker) or in `workers` processes, with one progress bar.
+
+    Returns a line per worker that died (killed by a signal, or stopped by an error); the others run on. However
+    this function ends (Ctrl-C, SIGTERM, an error), no worker outlives it: workers still running are stopped, and
+    a worker whose parent is killed outright gets SIGTERM from the kernel."""
+    total = limits.own
+    if total is None and limits.cap is not None:
+        total = max(limits.cap - len(study.get_trials(deepcopy=False)), 0)
     bar = tqdm(total=total, desc=spec.name, unit="trial", file=sys.stderr, dynamic_ncols=True)
-    if workers == 1:
-
-        def tick() -> None:
-            bar.update()
-
-        work(spec, matrix, storage_url, cap, deadline, 0, heartbeat_s, sleep_s, tick)
+    try:
+        if workers == 1:
+            seed = sampler_seed(spec.seed, invocation, 0)
+            work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, Tally(on_finish=bar.update))
+            return []
+        return _supervise(spec, storage_url, limits, invocation, workers, heartbeat_s, sleep_s, bar)
+    finally:
         bar.close()
-        return
-    # spawn, not fork: storage connections must not be shared with children.
-    context = multiprocessing.get_context("spawn")
+
+
+def _supervise(
+    spec: StudySpec,
+    storage_url: str,
+    limits: Limits,
+    invocation: int,
+    workers: int,
+    heartbeat_s: int,
+    sleep_s: float,
+    bar: tqdm,
+) -> list[str]:
+    """Start the workers, grant their trials (the invocation's own count lives here), move the bar, collect what
+    stopped each one. Pipes only: no semaphore or helper process that could outlive the workers."""
+    context = multiprocessing.get_context("spawn")  # spawn, not fork: storage connections must not be shared
+    pipes = [context.Pipe() for _ in range(workers)]
     procs = [
-        context.Process(target=_worker_process, args=(spec.path, storage_url, cap, deadline, i, heartbeat_s, sleep_s))
+        context.Process(
+            target=_worker_process,
+            args=(
+                spec.path,
+                storage_url,
+                limits,
+                sampler_seed(spec.seed, invocation, i),
+                heartbeat_s,
+                sleep_s,
+                pipes[i][1],
+                os.getpid(),
+            ),
+            name=f"sim.tune worker {i}",
+        )
         for i in range(workers)
     ]
-    for proc in procs:
-        proc.start()
-    while any(proc.is_alive() for proc in procs):
-        time.sleep(0.5)
-        bar.n = min(len(study.get_trials(deepcopy=False, states=FINISHED)) - start, total)
-        bar.refresh()
-    bar.close()
-    failed = [i for i, proc in enumerate(procs) if proc.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"worker(s) {failed} exited with an error (see above)")
+    tally = Tally(on_finish=bar.update)
+    messages: dict[int, str] = {}
+    try:
+        with _sigint_ignored():
+            for proc in procs:
+                proc.start()
+        for _, child_end in pipes:
+            child_end.close()  # the parent keeps its ends only, so a dead worker's pipe reads as closed
+        listening = {pipes[i][0]: i for i in range(workers)}
+        while listening or any(proc.is_alive() for proc in procs):
+            ready = wait([*listening, *(proc.sentinel for proc in procs if proc.is_alive())], timeout=1.0)
+            for conn in ready:
+                if not isinstance(conn, Connection) or conn not in listening:
+                    continue  # a sentinel: its pipe reports the end
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    del listening[conn]
+                    continue
+                if message == "claim":
+                    with contextlib.suppress(OSError):
+                        conn.send(tally.claim(limits.own))
+                elif message == "done":
+                    tally.finish()
+                elif isinstance(message, str) and message.startswith("error "):
+                    messages[listening[conn]] = message.removeprefix("error ")
+    finally:
+        _stop(procs)  # on Ctrl-C, SIGTERM or an error here; a no-op when every worker has ended
+        for parent_end, _ in pipes:
+            parent_end.close()
+    return [_death(i, proc.exitcode, messages) for i, proc in enumerate(procs) if proc.exitcode != 0]

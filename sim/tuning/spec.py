@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import hashlib
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ OBJECTIVES = {
 CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
 SAMPLERS = ("tpe", "nsga2", "random")
 KEYS = {
-    "name": "study name: the optuna study and the report folder studies/<name>/",
+    "name": "study name: the optuna study and the report folder runs/<name>/",
     "policy": "registered policy family to tune",
     "search_space": "parameter -> {low, high[, log, step]} or {choices: [...]}",
     "fixed": "parameter -> value held fixed in every trial",
@@ -47,12 +48,28 @@ KEYS = {
     "constraints": f"mapping among {', '.join(CONSTRAINTS)}",
     "baseline": "{policy, params} the report compares against (default: the policy's shipped defaults)",
     "sampler": f"{{name: {'|'.join(SAMPLERS)}, seed: int}} (default tpe, or nsga2 for several objectives; seed 0)",
-    "n_trials": "trials one invocation adds (default 100)",
-    "timeout": "seconds one invocation may run (default: no limit)",
-    "storage": "optuna storage: a SQLite/PostgreSQL URL or a journal file *.journal.log (default sqlite:///studies/<name>.db)",
+    "n_trials": f"trials one invocation adds, 0..{10**9} (default 100)",
+    "timeout": "seconds one invocation may run, a positive number (default: no limit)",
+    "storage": "optuna storage: a SQLite/PostgreSQL URL or a journal file *.journal.log "
+    "(default sqlite:///runs/<name>.db, relative to the folder the study is run in)",
     "notes": "free text",
 }
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
+RUNS = "runs"  # a user's studies: storage runs/<name>.db and report runs/<name>/, relative to where they run
+MAX_TRIALS = 10**9  # no study comes near; a bound keeps a typo from meaning "forever"
+MAX_TIMEOUT_S = 10**9
+MAX_SEED = 2**32 - 1  # numpy's RandomState, behind every optuna sampler, takes seeds in 0..2**32-1
+MAX_CONSTRAINT = 1000.0  # a speedup limit; no row comes near
+
+
+def default_storage(name: str) -> str:
+    """Where a spec without `storage:` keeps its study: runs/<name>.db, a folder of the user's own."""
+    return f"sqlite:///{RUNS}/{name}.db"
+
+
+def default_out(name: str) -> Path:
+    """Where `python -m sim.tune` writes a study's report without --out: runs/<name>/."""
+    return Path(RUNS) / name
 
 
 @dataclass(frozen=True)
@@ -195,6 +212,10 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
         raise r.fail(f"search_space/{name}: need low < high, got {low} and {high}", *where)
     if log and (low <= 0 or step):
         raise r.fail(f"search_space/{name}: a log scale needs low > 0 and no step", *where)
+    if step is not None and not 0 < step <= high - low:
+        raise r.fail(
+            f"search_space/{name}: step must be > 0 and at most high - low = {high - low:g}, got {step}", *where, "step"
+        )
     return Dimension(name, kind.__name__, low, high, log, step)
 
 
@@ -245,14 +266,28 @@ def _objectives(r: _Reader, raw: dict) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _bound(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 @typing.overload
-def _number(r: _Reader, value: Any, what: str, *key: str, integer: typing.Literal[True]) -> int: ...
+def _number(
+    r: _Reader, value: Any, what: str, *key: str, integer: typing.Literal[True], low: float, high: float
+) -> int: ...
 @typing.overload
-def _number(r: _Reader, value: Any, what: str, *key: str, integer: bool = False) -> float | int: ...
-def _number(r: _Reader, value: Any, what: str, *key: str, integer: bool = False) -> float | int:
+def _number(
+    r: _Reader, value: Any, what: str, *key: str, integer: bool = False, low: float, high: float
+) -> float | int: ...
+def _number(
+    r: _Reader, value: Any, what: str, *key: str, integer: bool = False, low: float, high: float
+) -> float | int:
+    """A number from the spec, finite and in [low, high], else a `file:line` error naming the range."""
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok:
         raise r.fail(f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}", *key)
+    if not (math.isfinite(value) and low <= value <= high):
+        kind = "an integer" if integer else "a number"
+        raise r.fail(f"{what} must be {kind} in {_bound(low)}..{_bound(high)}, got {value!r}", *key)
     return value
 
 
@@ -296,21 +331,26 @@ def load_spec(path: str | Path) -> StudySpec:
         raise r.fail(f"baseline: {err}", "baseline") from None
 
     constraints = r.check_keys(raw.get("constraints") or {}, CONSTRAINTS, "constraints")
-    constraints = {k: float(_number(r, v, k, "constraints", k)) for k, v in sorted(constraints.items())}
+    constraints = {
+        k: float(_number(r, v, k, "constraints", k, low=0.0, high=MAX_CONSTRAINT))
+        for k, v in sorted(constraints.items())
+    }
 
     objectives = _objectives(r, raw)
     sampler_raw = r.check_keys(raw.get("sampler") or {}, ("name", "seed"), "sampler")
     sampler = sampler_raw.get("name", "nsga2" if len(objectives) > 1 else "tpe")
     if sampler not in SAMPLERS:
         raise r.fail(f"unknown sampler {sampler!r}; allowed: {', '.join(SAMPLERS)}", "sampler", "name")
-    seed = _number(r, sampler_raw.get("seed", 0), "sampler seed", "sampler", "seed", integer=True)
+    seed = _number(r, sampler_raw.get("seed", 0), "sampler seed", "sampler", "seed", integer=True, low=0, high=MAX_SEED)
 
-    n_trials = _number(r, raw.get("n_trials", 100), "n_trials", "n_trials", integer=True)
+    n_trials = _number(r, raw.get("n_trials", 100), "n_trials", "n_trials", integer=True, low=0, high=MAX_TRIALS)
     timeout = raw.get("timeout")
     if timeout is not None:
-        timeout = float(_number(r, timeout, "timeout (seconds)", "timeout"))
-    storage = raw.get("storage") or f"sqlite:///studies/{name}.db"
-    if not isinstance(storage, str):
+        timeout = float(_number(r, timeout, "timeout (seconds)", "timeout", low=0, high=MAX_TIMEOUT_S))
+        if timeout == 0:
+            raise r.fail("timeout must be a positive number of seconds (leave it out for no limit), got 0", "timeout")
+    storage = raw.get("storage") or default_storage(name)
+    if not isinstance(storage, str) or not storage.strip():
         raise r.fail(f"storage must be a URL or a journal file path, got {storage!r}", "storage")
 
     spec = StudySpec(

@@ -1,10 +1,15 @@
 """Where a study lives, and what keeps several workers honest on it.
 
-- `sqlite:///studies/NAME.db` (the default): one worker at a time; SQLite is not
-  safe for parallel writers.
-- `studies/NAME.journal.log`: an optuna journal file, for `--workers N` on one
+- `sqlite:///runs/NAME.db` (the default, relative to where sim.tune runs): one
+  worker at a time; SQLite is not safe for parallel writers.
+- `runs/NAME.journal.log`: an optuna journal file, for `--workers N` on one
   machine.
 - `postgresql+psycopg2://...` (any SQLAlchemy RDB URL): many workers, many machines.
+
+A storage is checked before anything is written (`check_storage`: the URL and
+its driver, the kind of file, every journal line), and what optuna, SQLAlchemy
+or sqlite3 raise on a damaged one while it is opened or read (`reading`)
+becomes one StudyError naming the file and what to do.
 
 Every storage carries heartbeats: a worker killed mid-trial leaves a RUNNING
 trial whose heartbeat goes stale; the next worker to ask for a trial fails it
@@ -14,21 +19,28 @@ journal storage gets the same contract from `HeartbeatJournalStorage` below.
 
 `TrialGate` serialises "count the trials, then create one" across workers, so a
 trial cap is exact: no worker can create trial cap+1 while another is running.
+Its lock file, and the journal's write lock, sit next to the storage file
+(FILE.gate.flock, FILE.writer.flock), created owner-only and never through a
+symbolic link.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
+import json
+import os
 import re
-import tempfile
+import sqlite3
+import stat
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from urllib.parse import quote
 
 import optuna
 import sqlalchemy
@@ -36,6 +48,7 @@ from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrial
 from optuna.storages._heartbeat import BaseHeartbeat  # the ABC optuna's fail_stale_trials checks for
 from optuna.storages.journal import JournalFileBackend
 from optuna.storages.journal._file import BaseJournalFileLock  # the lock ABC JournalFileBackend takes
+from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import TrialState
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -43,6 +56,15 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from sim.errors import StudyError
 
 MAX_RETRY = 3  # a trial that kills its worker this many times is left failed
+MAX_STORAGE_BYTES = 1 << 30  # as for every other input: a storage file larger than this is refused up front
+MAX_JOURNAL_LINE = 1 << 24  # one journal record; optuna's are a few hundred bytes, a trial's rows a few kB
+LOCK_SUFFIX = {"writer": ".writer.flock", "gate": ".gate.flock"}  # next to the storage file; see lock_path
+DRIVERS = {  # the Python module an SQLAlchemy URL needs -> how to install it
+    "psycopg2": "pip install -e '.[postgres]'",
+    "psycopg": "pip install 'psycopg[binary]' (or use postgresql+psycopg2://... after pip install -e '.[postgres]')",
+    "MySQLdb": "pip install mysqlclient",
+    "pymysql": "pip install pymysql",
+}
 
 
 def is_url(storage: str) -> bool:
@@ -58,8 +80,19 @@ def storage_kind(storage: str) -> str:
 
 
 def sqlite_file(storage: str) -> str:
-    """The database file of a `sqlite:///FILE` URL."""
-    return storage.split(":///", 1)[1]
+    """The database file of a `sqlite:///FILE` URL ('' for an in-memory database)."""
+    try:
+        return sqlalchemy.engine.make_url(storage).database or ""
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        raise StudyError(f"{redacted(storage)}: not a storage URL (expected sqlite:///FILE)") from None
+
+
+def storage_file(storage: str) -> str | None:
+    """The local file behind a storage: the SQLite database or the journal; None for a database server."""
+    kind = storage_kind(storage)
+    if kind == "journal":
+        return storage
+    return sqlite_file(storage) if kind == "sqlite" else None
 
 
 def redacted(storage: str) -> str:
@@ -74,10 +107,47 @@ def parallel_storage(storage: str) -> str:
     return str(Path(sqlite_file(storage)).with_suffix("")) + ".journal.log"
 
 
-def _local_lock_path(path: str, what: str) -> Path:
-    """A lock file in the temp folder, one per storage file: nothing to clean up or ignore in studies/."""
-    digest = hashlib.sha256(f"{Path(path).resolve()}\n{what}".encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"draftlab-{digest}.lock"
+# ---------------------------------------------------------------- lock files
+
+
+def lock_path(storage_file: str, role: str) -> Path:
+    """The lock file of one role ("writer": the journal's append lock, "gate": TrialGate) next to a storage file.
+
+    One file per storage and role, kept with the storage (the same folder, the same owner): nothing accumulates in
+    a shared folder, and a lock is exactly as shared as the storage it guards.
+    """
+    return Path(storage_file + LOCK_SUFFIX[role])
+
+
+def check_lock_file(path: Path) -> None:
+    """Refuse, before anything is written, a lock file that is a symbolic link or not a regular file."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise StudyError(f"{path}: cannot check the lock file ({err.strerror})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise StudyError(f"{path}: the lock file is a symbolic link; remove it (sim.tune never follows one)")
+    if not stat.S_ISREG(info.st_mode):
+        raise StudyError(f"{path}: the lock file is not a regular file; remove it")
+
+
+def open_lock_file(path: Path) -> int:
+    """The lock file's descriptor: created owner-only (0600), never through a symbolic link, a regular file."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise StudyError(
+                f"{path}: the lock file is a symbolic link; remove it (sim.tune never follows one)"
+            ) from None
+        raise StudyError(f"{path}: cannot open the lock file ({err.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StudyError(f"{path}: the lock file is not a regular file; remove it")
+    return fd
 
 
 class FlockJournalLock(BaseJournalFileLock):
@@ -88,20 +158,202 @@ class FlockJournalLock(BaseJournalFileLock):
     """
 
     def __init__(self, journal: str):
-        self._path = _local_lock_path(journal, "journal")
-        self._file: TextIO | None = None  # open while the lock is held
+        self._path = lock_path(journal, "writer")
+        self._fd: int | None = None  # open while the lock is held
 
     def acquire(self) -> bool:
-        self._file = open(self._path, "a")
-        fcntl.flock(self._file, fcntl.LOCK_EX)
+        self._fd = open_lock_file(self._path)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
         return True
 
     def release(self) -> None:
-        if self._file is None:
+        if self._fd is None:
             raise RuntimeError(f"journal lock {self._path}: release() without a matching acquire()")
-        fcntl.flock(self._file, fcntl.LOCK_UN)
-        self._file.close()
-        self._file = None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+# ---------------------------------------------------------------- checking a storage before using it
+
+
+def check_storage(storage: str, *, writing: bool) -> None:
+    """Everything about a storage that can be known without writing: the URL and its driver, the kind of file
+    behind it, a journal's records, the lock files. One StudyError naming the storage and what to do; nothing is
+    created (tune calls this before its first file, plot before opening)."""
+    where = redacted(storage)
+    if is_url(storage):
+        _check_url(storage, where)
+    path = storage_file(storage)
+    if path is None:
+        return
+    if path in ("", ":memory:"):
+        raise StudyError(f"{where}: an in-memory SQLite database keeps nothing; give a file: sqlite:///FILE.db")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as err:
+        raise StudyError(f"{path}: cannot read the storage ({err.strerror})") from None
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            raise StudyError(f"{path}: a folder, not a storage file")
+        if not stat.S_ISREG(info.st_mode):
+            raise StudyError(f"{path}: not a regular file (a pipe, device or socket); expected a storage file")
+        if info.st_size > MAX_STORAGE_BYTES:
+            raise StudyError(f"{path}: {info.st_size} bytes, more than {MAX_STORAGE_BYTES}; start a new storage")
+        if storage_kind(storage) == "journal":
+            scan_journal(path, writing=writing)
+        else:
+            _probe_sqlite(path, writing=writing)
+    elif not writing:
+        what = "journal file" if storage_kind(storage) == "journal" else "SQLite file"
+        raise StudyError(f"{path}: no such {what}")
+    if writing:
+        for role in ("writer", "gate") if storage_kind(storage) == "journal" else ("gate",):
+            check_lock_file(lock_path(path, role))
+
+
+def _check_url(storage: str, where: str) -> None:
+    """A URL SQLAlchemy can parse, of a database kind it knows, whose driver is installed."""
+    try:
+        url = sqlalchemy.engine.make_url(storage)
+    except (sqlalchemy.exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
+        raise StudyError(
+            f"{where}: not a storage URL; expected sqlite:///FILE.db, postgresql+psycopg2://USER:PASS@HOST/DB "
+            "or a journal file path (FILE.journal.log)"
+        ) from None
+    try:
+        dialect = url.get_dialect()
+    except sqlalchemy.exc.NoSuchModuleError:
+        raise StudyError(
+            f"{where}: unknown database kind {url.drivername!r}; expected sqlite, postgresql or another "
+            "SQLAlchemy database URL, or a journal file path"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as err:
+        module = err.name or url.drivername
+        install = DRIVERS.get(module, f"pip install {module}")
+        raise StudyError(
+            f"{where}: a {url.get_backend_name()} storage needs the Python module {module}, which is not "
+            f"installed: {install}"
+        ) from None
+
+
+def scan_journal(path: str, *, writing: bool) -> None:
+    """Every line of a journal file must be one optuna journal record; a cut last line (what a writer killed
+    mid-append leaves) is refused before writing, as the next record would be glued onto it."""
+    offset = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_JOURNAL_LINE + 1), b""), start=1):
+            where = f"{path}:{number}"
+            if not line.endswith(b"\n"):
+                if len(line) > MAX_JOURNAL_LINE:
+                    raise StudyError(f"{where}: a line longer than {MAX_JOURNAL_LINE} bytes: {_NOT_JOURNAL}")
+                if f.read(1):
+                    raise StudyError(f"{where}: {_NOT_JOURNAL}")
+                if writing:
+                    raise StudyError(
+                        f"{where}: the last line is cut short (a writer killed mid-write?); remove it, e.g. "
+                        f"`truncate -s {offset} {path}`, then rerun"
+                    )
+                return  # optuna skips a cut last line when reading
+            _journal_record(line, where, first=number == 1)
+            offset += len(line)
+
+
+_NOT_JOURNAL = "not an optuna journal file, or a damaged one: restore it from a backup or start a new storage"
+
+
+def _journal_record(line: bytes, where: str, first: bool) -> None:
+    what = "not an optuna journal file" if first else "a damaged journal line"
+    try:
+        record = json.loads(line)
+    except UnicodeDecodeError:
+        raise StudyError(f"{where}: {what} (not UTF-8); restore it from a backup or start a new storage") from None
+    except ValueError:
+        raise StudyError(f"{where}: {what} (not JSON); restore it from a backup or start a new storage") from None
+    except RecursionError:
+        raise StudyError(f"{where}: {what} (JSON nested too deeply); restore it or start a new storage") from None
+    op = record.get("op_code") if isinstance(record, dict) else None
+    if isinstance(op, bool) or not isinstance(op, int) or op not in set(JournalOperation):
+        raise StudyError(f"{where}: {what} (no optuna op_code); restore it from a backup or start a new storage")
+
+
+def _probe_sqlite(path: str, *, writing: bool) -> None:
+    """A file given as a SQLite storage must be an optuna database (or empty, for a new study when writing).
+
+    Read without writing anything (immutable: no lock, no -wal/-shm files). Skipped while a -wal file exists:
+    the database's latest pages are then in it, and optuna's own connection reads them."""
+    if os.path.getsize(path) == 0:
+        if writing:
+            return
+        raise StudyError(f"{path}: an empty file, not an optuna database")
+    if os.path.exists(f"{path}-wal"):
+        return
+    uri = f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
+    try:
+        with sqlite3.connect(uri, uri=True) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        conn.close()
+    except sqlite3.DatabaseError as err:
+        raise sqlite_error(path, str(err)) from None
+    if "studies" not in tables or "version_info" not in tables:
+        raise StudyError(f"{path}: a SQLite database, but not an optuna storage (no studies table); give another file")
+
+
+def sqlite_error(path: str, reason: str) -> StudyError:
+    """What a SQLite failure means for the user, in one line naming the file."""
+    reason = reason.strip().splitlines()[0] if reason.strip() else "unknown error"
+    if "not a database" in reason:
+        return StudyError(f"{path}: not a SQLite database ({reason}); give an optuna storage, or a new file")
+    if "malformed" in reason or "corrupt" in reason:
+        return StudyError(
+            f"{path}: the database is damaged ({reason}): restore it from a backup or start a new storage (--storage)"
+        )
+    return StudyError(f"{path}: {reason}")
+
+
+def storage_error(storage: str, err: BaseException) -> StudyError:
+    """One line for a storage that failed while opened or read (SQLAlchemy, optuna, sqlite3 or journal errors)."""
+    cause: BaseException = err
+    while cause.__cause__ is not None and isinstance(cause, optuna.exceptions.StorageInternalError):
+        cause = cause.__cause__
+    reason = str(getattr(cause, "orig", None) or cause)
+    path = storage_file(storage)
+    if storage_kind(storage) == "sqlite" and path:
+        return sqlite_error(path, reason)
+    if storage_kind(storage) == "journal":
+        return StudyError(
+            f"{storage}: {_NOT_JOURNAL} ({type(cause).__name__}: {reason.splitlines()[0] if reason else ''})"
+        )
+    return StudyError(f"storage {redacted(storage)}: {reason.strip().splitlines()[0] if reason.strip() else cause}")
+
+
+# What reading a storage raises when its content is bad: SQLAlchemy's and sqlite3's database errors, optuna's
+# wrapper of them; for a journal, what optuna's replay of a damaged log raises (JSON, a missing key, its assert).
+RDB_ERRORS: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.SQLAlchemyError,
+    optuna.exceptions.StorageInternalError,
+    sqlite3.DatabaseError,
+)
+JOURNAL_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, IndexError, AssertionError)
+
+
+@contextmanager
+def reading(storage: str, *, replay: bool = False) -> Iterator[None]:
+    """Around the optuna calls that open or read a storage: what a bad database makes them raise becomes one
+    StudyError. For a journal (replay=True, around the constructor that replays the whole file), what optuna's
+    replay of a damaged log raises: JSON and UTF-8 errors, a missing key, its own assert."""
+    if storage_kind(storage) == "journal":
+        errors = JOURNAL_ERRORS if replay else ()
+    else:
+        errors = RDB_ERRORS
+    try:
+        yield
+    except errors as err:
+        raise storage_error(storage, err) from None
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
@@ -141,10 +393,11 @@ def open_storage(storage: str, heartbeat_s: int) -> optuna.storages.BaseStorage:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if storage_kind(storage) == "journal":
             Path(storage).parent.mkdir(parents=True, exist_ok=True)
-            return HeartbeatJournalStorage(storage, heartbeat_s, grace)
+            with reading(storage, replay=True):  # the constructor replays the whole journal
+                return HeartbeatJournalStorage(storage, heartbeat_s, grace)
         if storage_kind(storage) == "sqlite":
             Path(sqlite_file(storage)).parent.mkdir(parents=True, exist_ok=True)
-        with _schema_lock(storage):
+        with _schema_lock(storage), reading(storage):
             rdb = RDBStorage(
                 storage,
                 heartbeat_interval=heartbeat_s,
@@ -210,40 +463,40 @@ def heartbeat(storage: optuna.storages.BaseStorage, trial_id: int) -> Iterator[N
 
 
 class TrialGate:
-    """A lock shared by every worker of one study: a file lock on one machine, an advisory lock on PostgreSQL.
+    """A lock shared by every worker of one storage: a file lock on one machine, an advisory lock on PostgreSQL.
 
     Other RDBs (MySQL, ...) get no lock: a trial cap may then overshoot by up to workers - 1.
     """
 
     def __init__(self, storage: str, study_name: str):
         self.kind = storage_kind(storage)
-        self._file = None
+        self._fd: int | None = None
         self._conn = None
         if self.kind in ("journal", "sqlite"):
-            path = storage if self.kind == "journal" else sqlite_file(storage)
-            self._file = open(_local_lock_path(path, f"gate {study_name}"), "a")
+            self._fd = open_lock_file(lock_path(storage if self.kind == "journal" else sqlite_file(storage), "gate"))
         elif self.kind == "postgresql":
             self._key = _lock_key(study_name)
             self._engine = sqlalchemy.create_engine(storage, poolclass=sqlalchemy.pool.NullPool)
             self._conn = self._engine.connect()
 
     def __enter__(self) -> TrialGate:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_EX)
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
         elif self._conn is not None:
             self._conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": self._key})
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
         elif self._conn is not None:
             self._conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
             self._conn.commit()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._conn is not None:
             self._conn.close()
             self._engine.dispose()
@@ -256,7 +509,7 @@ STORAGE_FILES = ("*.db", "*.sqlite", "*.sqlite3", "*.journal.log")  # SQLite fil
 
 def storage_in(folder: Path) -> str:
     """The storage of a study folder: its one SQLite or journal file, inside it or next to it (FOLDER.db, as
-    sim.tune's default `sqlite:///studies/NAME.db` sits next to `studies/NAME/`), as a URL or a journal path."""
+    sim.tune's default `sqlite:///runs/NAME.db` sits next to `runs/NAME/`), as a URL or a journal path."""
     if not folder.is_dir():
         raise StudyError(f"{folder}: no such study folder")
     found = sorted(p for pattern in STORAGE_FILES for p in folder.glob(pattern))
@@ -277,20 +530,18 @@ def storage_in(folder: Path) -> str:
 def open_study(storage: str, name: str | None) -> optuna.Study:
     """optuna.load_study on a storage URL or a journal file path, with one-line errors; never creates a file."""
     where = redacted(storage)  # errors never print a database password
-    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
-        raise StudyError(f"{where}: no such SQLite file")
+    check_storage(storage, writing=False)
+    opened: str | optuna.storages.BaseStorage = storage
     if not is_url(storage):
-        if not Path(storage).is_file():
-            raise StudyError(f"{where}: no such journal file (or give a storage URL such as sqlite:///FILE.db)")
-        opened: str | optuna.storages.BaseStorage = JournalStorage(JournalFileBackend(storage))
-    else:
-        opened = storage
-    try:
+        with reading(storage, replay=True):
+            opened = JournalStorage(JournalFileBackend(storage))
+    with reading(storage):
         names = optuna.get_all_study_names(opened)
-    except Exception as err:  # any storage backend's failure to connect or read becomes one line
-        raise StudyError(f"{where}: cannot read studies ({type(err).__name__}: {str(err).splitlines()[0]})") from None
     if name is None and len(names) != 1:
         raise StudyError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'}); pick one with --study")
     if name is not None and name not in names:
         raise StudyError(f"{where} has no study {name!r}; it holds: {', '.join(names) or 'none'}")
-    return optuna.load_study(study_name=name or names[0], storage=opened)
+    with reading(storage):
+        study = optuna.load_study(study_name=name or names[0], storage=opened)
+        study.get_trials(deepcopy=False)  # every trial read once here, so a damaged one fails at the boundary
+    return study

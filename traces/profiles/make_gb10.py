@@ -10,6 +10,7 @@ whole-call times, from which the prefill cost is fitted (the width table has non
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import sys
@@ -113,12 +114,24 @@ def render(model: str, pipelined: float, sync: list[float]) -> str:
     )
 
 
-def main(argv: list[str]) -> int:
-    stale = []
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python traces/profiles/make_gb10.py",
+        description="Regenerate the bundled GB10 cost profiles (traces/profiles/gb10-*.yaml) from the shipped "
+        "reference measurements (traces/profiles/reference/).",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with the bundled profiles and write nothing; exit 1 if one is stale",
+    )
+    args = parser.parse_args(argv)
+    stale, checked = [], []
     for model, (pipelined, sync) in parse_widths(REFERENCE / "verify_width_cost.txt").items():
         path = HERE / f"gb10-{model}.yaml"
         text = render(model, pipelined, sync)
-        if "--check" in argv:
+        if args.check:
+            checked.append(path.name)
             if not path.exists() or path.read_text() != text:
                 stale.append(path.name)
         else:
@@ -127,8 +140,10 @@ def main(argv: list[str]) -> int:
     if stale:
         print(f"out of date: {', '.join(stale)}; run python traces/profiles/make_gb10.py", file=sys.stderr)
         return 1
+    if args.check:
+        print(f"{len(checked)} bundled profiles are up to date: {', '.join(checked)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
