@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from sim import cli
@@ -183,16 +184,10 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
     lm = model_from_args(args)
     if contexts:
         return _measure_grid(args, argv, lm, contexts, steps)
-    m = measure(
-        lm,
-        args.prompt_tokens,
-        args.max_width,
-        args.rounds,
-        args.warmup,
-        steps,
-        lengths,
-        args.prefill_rounds,
-    )
+    with _fits_in_memory(f"--prompt-tokens {args.prompt_tokens}"):
+        m = measure(
+            lm, args.prompt_tokens, args.max_width, args.rounds, args.warmup, steps, lengths, args.prefill_rounds
+        )
     name = args.name or Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
     data = profile_data(m, lm, name, "python -m sim.measure " + shlex.join(argv))
     write_profile(args.out, data)
@@ -202,6 +197,21 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
         f"prefill={data['prefill']['fixed_ms']:.2f} + {data['prefill']['per_prompt_token_ms']:.4f}/token ms"
     )
     return 0
+
+
+@contextmanager
+def _fits_in_memory(what: str) -> Iterator[None]:
+    """A measurement that runs out of device or host memory is one line naming what did not fit, not a traceback."""
+    import torch
+
+    try:
+        yield
+    except (MemoryError, torch.OutOfMemoryError) as err:
+        raise UserError(f"{what} did not fit in memory ({str(err).splitlines()[0][:100]}): measure shorter") from None
+    except RuntimeError as err:
+        if "allocate memory" not in str(err):  # the CPU allocator's out-of-memory; anything else is a bug
+            raise
+        raise UserError(f"{what} did not fit in memory ({str(err).splitlines()[0][:100]}): measure shorter") from None
 
 
 def _measure_grid(
@@ -218,13 +228,15 @@ def _measure_grid(
     assert isinstance(lm, LoadedModel)  # built by model_from_args
     by_context = {}
     for n in contexts:
-        by_context[n] = measure(
-            lm, n, args.max_width, args.rounds, args.warmup, steps, (), args.prefill_rounds, desc=f"measure at {n}"
-        )
+        with _fits_in_memory(f"--contexts {n}"):
+            by_context[n] = measure(
+                lm, n, args.max_width, args.rounds, args.warmup, steps, (), args.prefill_rounds, desc=f"measure at {n}"
+            )
     high = min(lm.model.config.vocab_size, GPT2_EOS)  # any id a named vocabulary holds; values do not change costs
     prompt = np.random.default_rng(0).integers(0, high, size=max(contexts)).tolist()
     bar = progress_bar(len(contexts) * (args.prefill_rounds + 1), "prefill", "prefill", enabled=True)
-    prefill = measure_prefill(lm, prompt, contexts, args.prefill_rounds, bar.update)
+    with _fits_in_memory(f"a prefill of {max(contexts)} tokens"):
+        prefill = measure_prefill(lm, prompt, contexts, args.prefill_rounds, bar.update)
     bar.close()
     name = args.name or Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
     data = grid_profile_data(by_context, prefill, lm, name, "python -m sim.measure " + shlex.join(argv))
