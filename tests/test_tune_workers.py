@@ -377,14 +377,12 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path, moment):
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
 
 
-def test_two_invocations_started_together_each_add_their_own_trials(tmp_path):
-    """Two `--n-trials 12` runs started at once on one journal: 24 trials, numbered 0..23, all complete, the
-    baseline once, and no point proposed twice (each run samples with its own seed)."""
+def run_together(tmp_path: Path, journal: str, *flags: str) -> None:
+    """Two `sim.tune` invocations of the tiny spec on one journal, started at once; both must succeed."""
     spec = str(spec_file(tmp_path))
-    journal = str(tmp_path / "s.journal.log")
     runs = [
         subprocess.Popen(
-            [*TUNE, spec, "--storage", journal, "--n-trials", "12", "--no-plots", "--out", str(tmp_path / f"out{i}")],
+            [*TUNE, spec, "--storage", journal, *flags, "--no-plots", "--out", str(tmp_path / f"out{i}")],
             cwd=tmp_path,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -399,6 +397,13 @@ def test_two_invocations_started_together_each_add_their_own_trials(tmp_path):
             run.kill()
             run.wait()
     assert [run.returncode for run in runs] == [0, 0], errors
+
+
+def test_two_invocations_started_together_each_add_their_own_trials(tmp_path):
+    """Two `--n-trials 12` runs started at once on one journal: 24 trials, numbered 0..23, all complete, the
+    baseline once, and no point proposed twice (each run samples with its own seed)."""
+    journal = str(tmp_path / "s.journal.log")
+    run_together(tmp_path, journal, "--n-trials", "12")
     trials = open_study("tiny", journal).get_trials()
     assert sorted(t.number for t in trials) == list(range(24))
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -410,23 +415,6 @@ def test_two_invocations_started_together_each_add_their_own_trials(tmp_path):
 
 def test_two_invocations_share_an_exact_global_cap_on_a_journal(tmp_path):
     """Two `--max-trials 20` runs started at once on one journal stop at exactly 20 trials in all."""
-    spec = str(spec_file(tmp_path))
     journal = str(tmp_path / "s.journal.log")
-    runs = [
-        subprocess.Popen(
-            [*TUNE, spec, "--storage", journal, "--max-trials", "20", "--no-plots", "--out", str(tmp_path / f"o{i}")],
-            cwd=tmp_path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    try:
-        errors = [run.communicate(timeout=240)[1] for run in runs]
-    finally:
-        for run in runs:
-            run.kill()
-            run.wait()
-    assert [run.returncode for run in runs] == [0, 0], errors
+    run_together(tmp_path, journal, "--max-trials", "20")
     assert sorted(t.number for t in open_study("tiny", journal).get_trials()) == list(range(20))
