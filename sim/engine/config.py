@@ -10,13 +10,16 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies import Governor, policy_class
 from sim.engine.loop import LoopParams
 from sim.engine.params import KeyLines, build_params, fields_of
 from sim.errors import ConfigError
 from sim.io import load_yaml
+
+if TYPE_CHECKING:
+    from sim.engine.timing import ForwardCosts
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,19 @@ class PolicyConfig:
     params: Any  # the policy's frozen Params dataclass
     loop: LoopParams
 
-    def governor(self) -> Governor:
-        """A fresh governor: replays never share state."""
-        return policy_class(self.policy)(self.params, self.loop.max_draft)
+    def governor(self, costs: ForwardCosts | None = None) -> Governor:
+        """A fresh governor: replays never share state. One that reads costs is bound to `costs`, which it needs."""
+        governor = policy_class(self.policy)(self.params, self.loop.max_draft)
+        if governor.reads_costs:
+            if costs is None:
+                raise ValueError(f"policy {self.policy} reads the cost profile: pass the costs it runs on")
+            governor.bind(costs)
+        return governor
+
+    @property
+    def reads_costs(self) -> bool:
+        """Whether the run depends on the cost profile (the loop then runs once per profile)."""
+        return policy_class(self.policy).reads_costs
 
     def settings(self) -> dict[str, Any]:
         """Every parameter, policy and loop, in one flat mapping (sorted keys)."""

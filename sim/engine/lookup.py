@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.drafters.base import NO_DRAFT, OUTPUT, PROMPT, Draft
+
 NO_MATCH = -1
 
 
@@ -34,13 +36,17 @@ class PromptLookup:
     (NO_MATCH when no n-gram matches), so `propose(L, k)` is `context[c : min(c+k, L)]`.
     """
 
-    def __init__(self, ngram_min: int = 2, ngram_max: int = 3, context: Sequence[int] = ()):
+    def __init__(
+        self, ngram_min: int = 2, ngram_max: int = 3, context: Sequence[int] = (), prompt_length: int = 0
+    ) -> None:
         if ngram_min < 1 or ngram_max < ngram_min:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}")
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
+        self.prompt_length = prompt_length  # only for `draft`'s source: a continuation before it is the prompt's
         self.context: list[int] = []
         self.continuation: list[int] = [NO_MATCH]  # length 0 has no match
+        self.matched: list[int] = [0]  # per context length, the n-gram length that matched (0: none)
         # per n: n-gram -> most recent start among those with at least one token after them
         self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
         self.extend(context)
@@ -56,15 +62,17 @@ class PromptLookup:
                 start = length - 1 - n
                 if start >= 0:
                     table[tuple(ctx[start : length - 1])] = start
-            self.continuation.append(self._match(length))
+            begin, n = self._match(length)
+            self.continuation.append(begin)
+            self.matched.append(n)
 
-    def _match(self, length: int) -> int:
+    def _match(self, length: int) -> tuple[int, int]:
         ctx = self.context
         for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
             start = self._latest[n].get(tuple(ctx[length - n : length]))
             if start is not None:  # longest suffix wins; the table holds the most recent start
-                return start + n
-        return NO_MATCH
+                return start + n, n
+        return NO_MATCH, 0
 
     def propose(self, context: Sequence[int], max_draft: int) -> list[int]:
         """The proposal for `context`, at most `max_draft` tokens, never past its end.
@@ -83,3 +91,13 @@ class PromptLookup:
         if begin == NO_MATCH or max_draft <= 0:
             return []
         return self.context[begin : min(begin + max_draft, length)]
+
+    def draft(self, context: Sequence[int], max_draft: int) -> Draft:
+        """`propose`'s tokens with the n-gram length that matched and whether the continuation is the prompt's;
+        the score is the proposal's length (prompt lookup has no probabilities)."""
+        tokens = self.propose(context, max_draft)
+        if not tokens:
+            return NO_DRAFT
+        length = len(context)
+        source = PROMPT if self.continuation[length] < self.prompt_length else OUTPUT
+        return Draft(tokens, self.matched[length], source, float(len(tokens)))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from policies.base import Governor
-from sim.engine.lookup import PromptLookup
+from sim.drafters.base import Drafter
 from sim.engine.params import MAX_SPAN, check_range, param
 from sim.errors import ConfigError
 
@@ -152,7 +152,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
     params: LoopParams,
     prompt: Sequence[int],
     max_tokens: int | None,
-    drafter: PromptLookup,
+    drafter: Drafter,
     keep_iterations: bool = False,
 ) -> LoopResult:
     """Decode until EOS or `max_tokens` (None: until EOS) under `governor`; count as mlxcel does."""
@@ -173,6 +173,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
     in_flight = False  # a one-token step was submitted and not yet read
     plain_streak = 0  # rounds in a row, this one included, whose lookup proposed nothing
     probe: tuple[int, list[int]] | None = None  # pending shadow probe: (context position, claims)
+    watches = governor.watches_context
 
     while emitted < cap:
         # 1. Settle a pending shadow probe against what has landed since.
@@ -186,6 +187,9 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
                 c.shadow_confirmations += 1
 
         # 2. budget() is called on every iteration, also those that only read a token (graded cooldowns count them).
+        # A governor that watches the context sees it first, as it stands now (an in-flight token is not in it).
+        if watches:
+            governor.observe(context, drafter)
         remaining = cap - emitted
         budget = min(governor.budget(), max(remaining - 1, 0))
         paused = budget == 0

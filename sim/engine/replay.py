@@ -34,7 +34,9 @@ def drafter_for(trace: Trace, ngram_min: int, ngram_max: int) -> PromptLookup:
     """The trace's whole context indexed once per process and n-gram bounds; every replay shares it read-only."""
     key = (trace.sha256 or trace.path, ngram_min, ngram_max)
     if key not in _DRAFTERS:
-        _DRAFTERS[key] = PromptLookup(ngram_min, ngram_max, trace.prompt_tokens + trace.tokens)
+        _DRAFTERS[key] = PromptLookup(
+            ngram_min, ngram_max, trace.prompt_tokens + trace.tokens, prompt_length=len(trace.prompt_tokens)
+        )
     return _DRAFTERS[key]
 
 
@@ -69,15 +71,20 @@ def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile])
 
 
 def run_trace(
-    trace: Trace, config: PolicyConfig, max_tokens: int | None = None, keep_iterations: bool = False
+    trace: Trace,
+    config: PolicyConfig,
+    max_tokens: int | None = None,
+    keep_iterations: bool = False,
+    costs: ForwardCosts | None = None,
 ) -> LoopResult:
-    """The loop over a trace: counters and action log, no timing."""
+    """The loop over a trace: counters and action log, no timing. `costs` is the profile a governor that reads
+    costs is bound to (the others ignore it)."""
     loop = config.loop
     target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
     drafter = drafter_for(trace, loop.ngram_min, loop.ngram_max)
     return run(
         target,
-        config.governor(),
+        config.governor(costs),
         loop,
         trace.prompt_tokens,
         effective_max_tokens(trace, max_tokens),
@@ -192,7 +199,7 @@ def replay_run(
     """`replay`'s row with the loop result and its timing; `keep_iterations` also keeps every iteration and the
     host clock after every action, for round-by-round records."""
     require_widths([config], [profile])
-    result = run_trace(trace, config, max_tokens, keep_iterations)
+    result = run_trace(trace, config, max_tokens, keep_iterations, costs=profile)
     timed = time_trace_run(trace, result, profile, max_tokens, jitter, model, keep_host_times=keep_iterations)
     row = ReplayRow(
         trace,

@@ -63,7 +63,8 @@ def run_arm(lm: LoadedModel, trace: Trace, arm: Arm, max_tokens: int | None, scr
             tokens = decode_plain(target, max_tokens)
         else:
             loop = arm.config.loop
-            drafter = PromptLookup(loop.ngram_min, loop.ngram_max, prompt)  # indexing the prompt is part of the run
+            # Indexing the prompt is part of the run.
+            drafter = PromptLookup(loop.ngram_min, loop.ngram_max, prompt, len(prompt))
             result = run(target, arm.config.governor(), loop, prompt, max_tokens, drafter)
             tokens, counters = result.tokens, result.counters
         ms = (time.perf_counter() - start) * 1000.0

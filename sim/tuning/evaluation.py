@@ -3,7 +3,8 @@
 Each trial replays every row: the same rows as `sim.engine.replay.replay` with
 the recurrence timing model (tests hold them equal), with the work that does
 not depend on the profile or the policy done once: the loop runs once per trace
-(its actions do not depend on the profile), plain decoding's time is computed
+(its actions do not depend on the profile, unless the governor reads the
+costs: then once per trace and profile), plain decoding's time is computed
 once per row and process, and lookups are shared through `drafter_for`.
 """
 
@@ -47,13 +48,15 @@ class MatrixEvaluator:
         require_widths([config], self.profiles)
         label = config.label()
         rows = []
+        per_profile = config.reads_costs
         for i, trace in enumerate(self.traces):
-            result = run_trace(trace, config)
-            generated = result.counters.generated
+            shared = None if per_profile else run_trace(trace, config)
             cap = effective_max_tokens(trace, None)
-            stops_on_eos = stopped_on_eos(cap, generated)
             prompt = len(trace.prompt_tokens)
             for j, profile in enumerate(self.profiles):
+                result = shared or run_trace(trace, config, costs=profile)
+                generated = result.counters.generated
+                stops_on_eos = stopped_on_eos(cap, generated)
                 time_ms = recurrence_timing(result.actions, result.contexts, profile, prompt).total_ms
                 plain_ms = self._plain(i, j, generated, stops_on_eos)
                 rows.append(
