@@ -11,6 +11,16 @@ repetitions:
 - study_sqlite / study_journal: one whole `sim.tune` worker (TPE sampling, storage writes, evaluation) on a
                  SQLite file and on a journal file, 200 trials each: what a study reaches end to end
 
+- online_governors: one trial (MatrixEvaluator.evaluate) of each online governor (goodput, regime, hedge,
+                 threshold) at its defaults over the bundled 20-row matrix (traces/*.jsonl x the GB10
+                 profiles), trials per second on this process's CPU time (and wall clock), median over at
+                 least 15 trials; target 50/s each
+
+- corpus_trial:  one gated trial (MatrixEvaluator.evaluate) over a corpus-sized matrix: 245 traces of
+                 traces/corpus/{code,docs,data} (or --corpus DIR) plus the five bundled, x the four GB10 profiles,
+                 milliseconds per trial (target: at most 200 on one core); with fewer corpus traces there, the
+                 matrix is what exists and the result says so
+
 and where evaluation spends its time (cProfile, top functions by own time). Writes
 results/benchmarks/tune_speed.json (ignored by git); the committed benchmarks/results/tune_speed.json is this
 command's output with `--out benchmarks/results/tune_speed.json`.
@@ -34,7 +44,8 @@ from typing import Any
 
 import optuna
 
-from sim.engine.config import PolicyConfig
+from sim.engine.config import PolicyConfig, make_config
+from sim.engine.costs import bundled_profiles
 from sim.engine.replay import replay
 from sim.engine.timing import TimingModel, recurrence_timing, simpy_timing
 from sim.errors import ConfigError
@@ -109,6 +120,78 @@ def hot_spots(matrix: MatrixEvaluator, configs: list[PolicyConfig], top: int = 1
     ]
 
 
+ONLINE_GOVERNORS = ("goodput", "regime", "hedge", "threshold")  # docs/governors.md: each must reach 50 trials/s
+ONLINE_TARGET_PER_S = 50.0
+
+
+def online_governor_rates(repeats: int) -> dict[str, Any]:
+    """Trials per second of one evaluated trial over the bundled 20-row matrix (the five traces/*.jsonl x the
+    four GB10 profiles) for each online governor at its defaults: median over `repeats` timed trials after a
+    warm-up, on CPU time of this process (what one core gives it, whatever else the machine runs) and on the
+    wall clock."""
+    traces = sorted(str(p) for p in (ROOT / "traces").glob("*.jsonl"))
+    matrix = MatrixEvaluator.load(traces, [name for name in bundled_profiles() if name.startswith("gb10-")])
+    out: dict[str, Any] = {"rows": len(matrix.traces) * len(matrix.profiles)}
+    for name in ONLINE_GOVERNORS:
+        config = make_config(name, {})
+        matrix.evaluate(config)  # warm-up: lookups and plain decoding's times are computed once per process
+        cpu, wall = [], []
+        for _ in range(repeats):
+            start_cpu, start_wall = time.process_time(), time.perf_counter()
+            matrix.evaluate(config)
+            cpu.append(1.0 / (time.process_time() - start_cpu))
+            wall.append(1.0 / (time.perf_counter() - start_wall))
+        out[name] = {
+            "trials_per_s": statistics.median(cpu),
+            "min": min(cpu),
+            "max": max(cpu),
+            "wall_trials_per_s": statistics.median(wall),
+            "wall_min": min(wall),
+            "wall_max": max(wall),
+            "repeats": repeats,
+            "target_per_s": ONLINE_TARGET_PER_S,
+            "meets_target": statistics.median(cpu) >= ONLINE_TARGET_PER_S,
+            "loops_per_trial": len(matrix.traces) * (len(matrix.profiles) if config.reads_costs else 1),
+        }
+    return out
+
+
+CORPUS_TRACES = 245  # with the five bundled traces: the 250-trace matrix of the corpus-scale target
+CORPUS_TARGET_MS = 200.0
+
+
+def corpus_trial(corpus: Path, repeats: int) -> dict[str, Any]:
+    """Milliseconds of one gated trial over up to 245 corpus traces + the five bundled x the GB10 profiles: the
+    shipped gated and 4 random points of the gated_gb10 space, median over `repeats` passes after a warm-up."""
+    found = sorted(str(p) for kind in ("code", "docs", "data") for p in (corpus / kind).glob("*.jsonl"))
+    paths = found[:CORPUS_TRACES] + sorted(str(p) for p in (ROOT / "traces").glob("*.jsonl"))
+    spec = load_spec(SPEC.relative_to(ROOT))
+    matrix = MatrixEvaluator.load(paths, spec.profiles)
+    configs = sample_configs(spec, 4)
+    for config in configs:
+        matrix.evaluate(config)  # warm-up: lookup indexes and plain decoding's times are computed once per process
+    times = []
+    for _ in range(repeats):
+        for config in configs:
+            start = time.perf_counter()
+            matrix.evaluate(config)
+            times.append(1000.0 * (time.perf_counter() - start))
+    return {
+        "ms_per_trial": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "target_ms": CORPUS_TARGET_MS,
+        "traces": len(paths),
+        "corpus_traces": len(found[:CORPUS_TRACES]),
+        "rows": len(paths) * len(spec.profiles),
+        "reply_tokens": sum(len(t.tokens) for t in matrix.traces),
+        "inputs_sha256": {t.path: t.sha256 for t in matrix.traces},
+        "note": ""
+        if len(found) >= CORPUS_TRACES
+        else f"only {len(found)} corpus traces under {corpus}: measured on {len(paths)} traces, not 250",
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -118,13 +201,18 @@ def main() -> int:
         "--study-trials", type=int, default=200, help="trials per end-to-end study measurement (default 200)"
     )
     parser.add_argument("--out", default=str(RESULTS), help=f"results file (default {RESULTS})")
+    parser.add_argument(
+        "--corpus", default="traces/corpus", help="corpus folder for corpus_trial (default traces/corpus)"
+    )
     args = parser.parse_args()
 
     out = Path(args.out).resolve()  # before the chdir: --out is relative to where the user ran the command
+    corpus = Path(args.corpus).resolve()
     os.chdir(ROOT)  # the spec's trace globs are relative to the repository root
     spec = load_spec(SPEC.relative_to(ROOT))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    matrix = MatrixEvaluator.load(spec.traces, spec.profiles)
+    # The five bundled traces (the spec's bundled group; its corpus groups are corpus_trial's matrix).
+    matrix = MatrixEvaluator.load(sorted(str(p) for p in Path("traces").glob("*.jsonl")), spec.profiles)
     configs = sample_configs(spec, 50)
 
     def per_row(model: TimingModel) -> Callable[[PolicyConfig], object]:
@@ -138,6 +226,9 @@ def main() -> int:
     base = results["evaluate"]["trials_per_s"]
     for name in ("replay_fast", "replay_simpy"):
         results[name]["evaluate_is_x_faster"] = base / results[name]["trials_per_s"]
+    # Before the corpus: its lookup indexes stay cached in this process and slow every garbage collection after.
+    results["online_governors"] = online_governor_rates(max(args.repeats, 15))
+    results["corpus_trial"] = corpus_trial(corpus, args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         results["study_sqlite"] = study_rate(spec, matrix, f"sqlite:///{tmp}/bench.db", args.study_trials)
         results["study_journal"] = study_rate(spec, matrix, f"{tmp}/bench.journal.log", args.study_trials)
@@ -161,6 +252,15 @@ def main() -> int:
     }
     write_atomic(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
     for name, value in results.items():
+        if name == "corpus_trial":
+            print(f"{name:>14}: {value['ms_per_trial']:8.1f} ms/trial over {value['rows']} rows {value['note']}")
+            continue
+        if name == "online_governors":
+            for policy, r in value.items():
+                if policy == "rows":
+                    continue
+                print(f"{policy:>14}: {r['trials_per_s']:8.1f} trials/s (CPU; wall {r['wall_trials_per_s']:.1f})")
+            continue
         extra = (
             f"  (evaluate is {value['evaluate_is_x_faster']:.1f}x faster)" if "evaluate_is_x_faster" in value else ""
         )

@@ -1,6 +1,8 @@
 """Prompt-lookup governors: one small class per policy behind one protocol, in a registry."""
 
-from . import fixed, gated, graded, heuristic, off  # noqa: F401  (each module registers its policy)
+# Each module registers its policy: mlxcel's governors (fixed, gated, graded, heuristic, off), online governors that
+# read the cost profile (goodput, hedge, regime, threshold) and the hindsight oracle (not causal: replay only).
+from . import fixed, gated, goodput, graded, hedge, heuristic, off, oracle, regime, threshold  # noqa: F401
 from .base import REGISTRY, Governor, policy_class, register
 
 __all__ = ["REGISTRY", "Governor", "policy_class", "register"]

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--reps", type=int, default=3, help=f"interleaved repetitions per trace, 1..{MAX_REPS} (default 3)"
     )
     parser.add_argument(
+        "--control",
+        default="plain",
+        metavar="ARM",
+        help="the arm every other is paired against: plain (default) or an arm's label, e.g. gated for "
+        "--policies gated (a study's confirmation plan names it)",
+    )
+    parser.add_argument(
         "--scripted",
         action="store_true",
         help="force the trace's tokens: real forwards and costs for weights that did not produce it",
@@ -87,6 +94,9 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     from sim.hardware.arms import build_arms
 
     arms = build_arms(args.policies, args.config)
+    labels = [a.label for a in arms]
+    if args.control not in labels:
+        raise UserError(f"--control {args.control}: no such arm; the arms are {', '.join(labels)}")
     profile = load_profile(args.profile)
     _require_widths(arms, profile, profile_path)
     traces = [read_trace(p) for p in args.traces]
@@ -112,7 +122,8 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
         "scripted": args.scripted,
         "max_tokens": args.max_tokens,
         "rows": rows,
-        "summary": summary(rows, arms),
+        "control": args.control,
+        "summary": summary(rows, arms, args.control),
     }
     text = markdown(result)
     write_atomic(out / "confirm.json", json.dumps(result, indent=1, sort_keys=True) + "\n")

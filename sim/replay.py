@@ -8,27 +8,32 @@ module parses the command line and prints rows, tables or JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from policies import REGISTRY
+from policies import REGISTRY, policy_class
 from sim import cli
+from sim.drafters.registry import parse_drafter, split_drafter
+from sim.drafters.stream import Stream, World, stream_order
 from sim.engine.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
 from sim.engine.costs import DEFAULT_PROFILE, Profile, bundled_profiles, load_profile, resolve
 from sim.engine.loop import LoopParams
+from sim.engine.oracle import headroom_share, time_regret
 from sim.engine.params import MAX_SPAN, describe
 from sim.engine.replay import (
     DEFAULT_RISK_MARGIN,
     MAX_REPLY_TOKENS,
     ReplayRow,
     check_max_tokens,
+    effective_max_tokens,
     geomean,
     replay,
     require_widths,
 )
-from sim.engine.timing import MAX_SEED, Jitter
+from sim.engine.timing import MAX_SEED, Jitter, recurrence_timing
 from sim.engine.trace import Trace, read_trace
 from sim.errors import ConfigError, ProfileError, TraceError, UserError
 from sim.figures.rounds import Run, replay_rounds, rounds_text
@@ -42,7 +47,9 @@ def _policy_help() -> str:
     lines = ["policies and their parameters (set with --set key=value; defaults = mlxcel's shipped values):"]
     for name in sorted(REGISTRY):
         params = describe(REGISTRY[name].Params)
-        lines.append(f"  {name}" + ("" if params else " (no parameters)"))
+        notes = [] if REGISTRY[name].causal else ["NOT CAUSAL: knows the whole trace, a bound for replay only"]
+        notes += [] if params else ["no parameters"]
+        lines.append(f"  {name}" + (f" ({'; '.join(notes)})" if notes else ""))
         lines += [f"      {key} = {default!r}: {text}" for key, default, text in params]
     lines.append("  loop parameters (every policy):")
     lines += [f"      {key} = {default!r}: {text}" for key, default, text in describe(LoopParams)]
@@ -100,6 +107,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--ngram-max", type=span, help=f"longest suffix the lookup tries first (1..{MAX_SPAN}; default 3)"
     )
     parser.add_argument(
+        "--drafter",
+        metavar="NAME[:KEY=VALUE...]",
+        help="drafter for every policy: lookup (mlxcel's prompt lookup, the default) or suffix (SuffixDecoding), "
+        "e.g. suffix:min_token_prob=0.2; see docs/drafters.md",
+    )
+    parser.add_argument(
+        "--as-stream",
+        action="store_true",
+        help="replay the traces as one stream of requests, in the order given: a drafter with a cache across "
+        "requests (suffix) sees every earlier reply (docs/drafters.md, section 5)",
+    )
+    parser.add_argument(
+        "--stream-order",
+        metavar="MANIFEST",
+        help="with --as-stream: the stream's order from a text file listing the trace paths, one per line "
+        "(relative to the file's folder)",
+    )
+    parser.add_argument(
         "--max-tokens",
         type=int,
         help=f"stop generation earlier than the trace did (may only shorten it; 1..{MAX_REPLY_TOKENS})",
@@ -133,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         "by one 'round' line per loop iteration (fields: docs/trace-format.md); plot with python -m sim.plot. "
         "It may not be one of the command's inputs (a trace, profile or config file)",
     )
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also replay the hindsight oracle (NOT CAUSAL: it knows the whole trace; docs/oracle.md) under each "
+        "row's loop parameters: --json rows carry oracle_time_ms, tables add each policy's share of the oracle's "
+        "headroom and its time regret (as they do when --compare lists oracle)",
+    )
     return parser
 
 
@@ -142,6 +174,8 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     for key in ("max_draft", "ngram_min", "ngram_max"):  # --max-draft and co. are shorthands for --set key=...
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
+    if args.drafter is not None:  # --drafter NAME:k=v is a shorthand for --set drafter=NAME --set drafter.k=v
+        settings.update(parse_drafter(args.drafter))
     if args.config is not None:
         for flag, value in (("--compare", args.compare), ("--policy", args.policy)):
             if value is not None:
@@ -150,7 +184,9 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
                     "(replay it alone, or name its settings in --compare)"
                 )
         base, label = read_config_file(args.config)
-        config = make_config(base.policy, {**base.settings(), **settings})
+        # --drafter replaces the file's drafter with its own parameters, not on top of the file's.
+        kept = split_drafter(base.settings())[1] if "drafter" in settings else base.settings()
+        config = make_config(base.policy, {**kept, **settings})
         changed = config.label(base).removeprefix(config.policy)  # ":key=value" per --set on top of the file
         return [(config, label + changed)]
     if args.compare is not None:
@@ -170,7 +206,7 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     return [(config, config.label()) for config in configs]
 
 
-def _human(row: ReplayRow) -> str:
+def _human(row: ReplayRow, best: dict[OracleKey, ReplayRow] | None = None) -> str:
     c = row.counters
     text = (
         f"{row.trace.name} | {row.label} | {row.profile.name}\n"
@@ -186,10 +222,18 @@ def _human(row: ReplayRow) -> str:
             f"\n[Parity risk] {row.risky_verifies} drafted verifies emitted a token whose margin was below "
             f"{row.risk_margin:g}"
         )
+    if best is not None and _causal(row.config):
+        oracle = best[_oracle_key(row)]
+        text += (
+            f"\n[Oracle, not causal] time={oracle.time_ms:.1f} ms speedup={oracle.speedup:.3f}x  "
+            f"this run's regret={row.time_ms / oracle.time_ms - 1:.1%}"
+        )
     return text
 
 
-def _table(rows: list[ReplayRow], labels: list[str], profile: str) -> str:
+def _table(
+    rows: list[ReplayRow], labels: list[str], profile: str, best: dict[OracleKey, ReplayRow] | None = None
+) -> str:
     width = max(12, *(len(label) + 2 for label in labels))
     name_width = max(10, *(len(r.trace.name) for r in rows))
     out = [
@@ -209,7 +253,67 @@ def _table(rows: list[ReplayRow], labels: list[str], profile: str) -> str:
     worst = [min(cells[label].speedup for cells in by_trace.values()) for label in labels]
     out.append(f"{'geomean':<{name_width}} {'':>6} " + "".join(f"{m:>{width - 1}.3f}x" for m in means))
     out.append(f"{'worst row':<{name_width}} {'':>6} " + "".join(f"{w:>{width - 1}.3f}x" for w in worst))
+    if best is not None:
+        out += _headroom_lines([[cells[label] for cells in by_trace.values()] for label in labels], best, name_width)
+        if any(not _causal(r.config) for r in rows):
+            out[1] = out[1].replace(" oracle", "oracle*", 1)  # the column of the bound, marked for the footnote
     return "\n".join(out)
+
+
+# The oracle a row is measured against: same trace, profile and loop parameters.
+OracleKey = tuple[str, str, LoopParams]
+
+
+def _causal(config: PolicyConfig) -> bool:
+    return policy_class(config.policy).causal
+
+
+def _oracle_key(row: ReplayRow) -> OracleKey:
+    return (row.trace.path, row.profile.name, row.config.loop)
+
+
+def _refuse_misused_oracle(args: argparse.Namespace, configs: list[PolicyConfig]) -> None:
+    """Before any work: the oracle is computed without noise, for the default prompt-lookup drafter."""
+    if not (args.oracle or any(not _causal(config) for config in configs)):
+        return
+    if args.jitter > 0:
+        raise ConfigError(
+            "--jitter cannot be combined with the oracle: its schedule is the best one without noise "
+            "(docs/oracle.md); drop --jitter, or the oracle"
+        )
+    other = next((config.drafter.name for config in configs if not config.drafter.is_default), None)
+    if other is not None:
+        raise ConfigError(
+            f"the oracle is defined for the default prompt-lookup drafter only, not drafter {other} "
+            "(docs/oracle.md); drop --oracle and oracle, or the drafter"
+        )
+
+
+def _oracle_rows(rows: list[ReplayRow], max_tokens: int | None) -> dict[OracleKey, ReplayRow]:
+    """Per row, the oracle under the row's own loop parameters (an oracle row in the list is its own)."""
+    best = {_oracle_key(r): r for r in rows if r.config.policy == "oracle"}
+    for row in rows:
+        key = _oracle_key(row)
+        if key not in best:
+            config = make_config("oracle", dataclasses.asdict(row.config.loop))
+            best[key] = replay(row.trace, config, row.profile, max_tokens, model=recurrence_timing)
+    return best
+
+
+def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, ReplayRow], name_width: int) -> list[str]:
+    """Per policy: the share of the oracle's headroom it captures and its time regret (docs/oracle.md)."""
+    width = max(12, *(len(column[0].label) + 2 for column in columns))
+    shares, regrets = [], []
+    for column in columns:
+        oracle = [best[_oracle_key(r)] for r in column]
+        shares.append(headroom_share([r.speedup for r in column], [o.speedup for o in oracle]))
+        regrets.append(time_regret([r.time_ms for r in column], [o.time_ms for o in oracle]))
+    return [
+        f"{'headroom':<{name_width}} {'':>6} " + "".join(f"{s:>{width}.1%}" for s in shares),
+        f"{'regret':<{name_width}} {'':>6} " + "".join(f"{r:>{width}.1%}" for r in regrets),
+        "against the hindsight oracle (oracle*: not causal, it knows the whole trace; docs/oracle.md): "
+        "headroom = (geomean speedup - 1) / (the oracle's - 1), regret = geomean(time / oracle time) - 1",
+    ]
 
 
 def _check_rounds_out(path: str | None, traces: list[str], others: list[str]) -> None:
@@ -262,6 +366,23 @@ def _margins_note(traces: list[Trace]) -> str | None:
     )
 
 
+def _worlds(args: argparse.Namespace, traces: list[Trace]) -> list[World | None]:
+    """Per trace, its place in the stream of requests under --as-stream (else None: each trace its own world)."""
+    if not args.as_stream:
+        if args.stream_order is not None:
+            raise ConfigError("--stream-order orders a stream: give it with --as-stream")
+        return [None] * len(traces)
+    if args.rounds_out:
+        raise ConfigError("--rounds-out does not record streams yet: drop --as-stream or --rounds-out")
+    order = stream_order(args.traces, args.stream_order)
+    caps = [effective_max_tokens(trace, args.max_tokens) for trace in traces]
+    stream = Stream([traces[i].tokens[: caps[i]] for i in order])  # a reply cut at --max-tokens is what was cached
+    worlds: list[World | None] = [None] * len(traces)
+    for place, i in enumerate(order):
+        worlds[i] = World(stream, place)
+    return worlds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return cli.run(lambda: _replay(args))
@@ -277,18 +398,31 @@ def _replay(args: argparse.Namespace) -> int:
     others = [*map(str, profile_paths), *([args.config] if args.config else [])]
     _check_rounds_out(args.rounds_out, args.traces, others)
     jitter = Jitter(args.jitter, args.seed)
+    _refuse_misused_oracle(args, configs)
     risk_margin = DEFAULT_RISK_MARGIN if args.risk_margin is None else args.risk_margin
     for profile, path in zip(profiles, profile_paths, strict=True):
         try:
             require_widths(configs, [profile])
         except ProfileError as err:
             raise ProfileError(f"{path}: {err}") from None
+    worlds = _worlds(args, traces)
     rows: list[ReplayRow] = []
     runs: list[Run] = []
     for profile in profiles:
-        for trace in traces:
+        for trace, world in zip(traces, worlds, strict=True):
             for config, label in arms:
-                if args.rounds_out:
+                if world is not None:
+                    row = replay(
+                        trace,
+                        config,
+                        profile,
+                        args.max_tokens,
+                        jitter,
+                        risk_margin=risk_margin,
+                        label=label,
+                        world=world,
+                    )
+                elif args.rounds_out:
                     row, run = replay_rounds(
                         trace, config, profile, args.max_tokens, jitter, risk_margin=risk_margin, label=label
                     )
@@ -301,16 +435,18 @@ def _replay(args: argparse.Namespace) -> int:
     note = _margins_note(traces) if args.risk_margin is not None else None
     if note:
         print(note, file=sys.stderr)
+    best = _oracle_rows(rows, args.max_tokens) if args.oracle or any(not _causal(c) for c in configs) else None
     if args.json:
         for row in rows:
-            print(json.dumps(row.as_dict(), sort_keys=True, allow_nan=False))
+            extra = {"oracle_time_ms": best[_oracle_key(row)].time_ms} if best is not None and args.oracle else {}
+            print(json.dumps({**row.as_dict(), **extra}, sort_keys=True, allow_nan=False))
     elif len(arms) > 1:
         labels = [label for _, label in arms]
         for profile in profiles:
-            print(_table([r for r in rows if r.profile.name == profile.name], labels, profile.name))
+            print(_table([r for r in rows if r.profile.name == profile.name], labels, profile.name, best))
             print()
     else:
-        print("\n\n".join(_human(row) for row in rows))
+        print("\n\n".join(_human(row, best) for row in rows))
     return 0
 
 

@@ -35,6 +35,12 @@ where things go:
   runs/NAME/), both relative to the folder you run in: your runs never touch the committed results in
   studies/NAME/. Rerunning the same command continues the same study.
 
+held-out validation (docs/tuning.md):
+  A spec with `validation: {method: leave_one_out | kfold}` runs each invocation's trials in the study NAME
+  (every row), then as many in each fold's study NAME.fold-K (the rows outside the fold), in the same storage;
+  the report leads with each fold's best scored on the rows it never saw, with bootstrap 95% intervals, and
+  ends with the hardware confirmation plan.
+
 several invocations at once (on one storage):
   Each invocation's --n-trials counts the trials that invocation starts (over all its workers), so two
   `--n-trials 60` runs started together add 120 trials. --max-trials is a global cap on the trials the study
@@ -153,6 +159,7 @@ def _tune(args: argparse.Namespace) -> int:
         from sim.tuning.search import Limits, prepare, run_workers
         from sim.tuning.spec import check_widths, default_out, load_spec
         from sim.tuning.storage import check_storage, parallel_storage, redacted, storage_error, storage_file
+        from sim.tuning.validation import studies, training
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # Everything is checked before the first file is written: a refused command leaves no trace.
@@ -165,7 +172,7 @@ def _tune(args: argparse.Namespace) -> int:
         local = storage_file(storage_url)
         inputs = [args.spec, *spec.traces, *(resolve(p) for p in spec.profiles), *([local] if local else [])]
         refuse_inputs_as_outputs(outputs, inputs, "--out")
-        matrix = MatrixEvaluator.load(spec.traces, spec.profiles)
+        matrix = MatrixEvaluator.for_spec(spec)
         check_widths(spec, matrix.widest())
 
         if args.n_trials is not None:
@@ -177,17 +184,18 @@ def _tune(args: argparse.Namespace) -> int:
         run = {"n_trials": own, "max_trials": args.max_trials, "workers": args.workers} if own != 0 else None
         interrupted, problems = False, []
         try:
-            study, _held, invocation = prepare(spec, storage_url, args.heartbeat, run)
+            # The spec's own study, then one per fold when validation nests (docs/tuning.md), each in turn.
+            opened = [(s, fold, *prepare(s, storage_url, args.heartbeat, run)) for s, fold in studies(spec)]
             if storage_url != asked:
                 print(
                     f"note: --workers {args.workers} on SQLite: using the journal file {storage_url}, a separate "
                     f"study from {redacted(asked)}; continue it with --workers again",
                     file=sys.stderr,
                 )
-            if own != 0:
+            for each, fold, study, _held, invocation in opened if own != 0 else []:
                 try:
-                    problems = run_workers(
-                        spec,
+                    problems += run_workers(
+                        each,
                         storage_url,
                         limits,
                         invocation,
@@ -195,7 +203,8 @@ def _tune(args: argparse.Namespace) -> int:
                         args.heartbeat,
                         args.sleep_per_trial,
                         study,
-                        matrix,
+                        training(spec, matrix, fold),
+                        fold.number if fold is not None else None,
                     )
                 except KeyboardInterrupt:
                     interrupted = True
@@ -203,7 +212,11 @@ def _tune(args: argparse.Namespace) -> int:
                         "interrupted: reporting the trials stored so far; rerun the same command to continue",
                         file=sys.stderr,
                     )
-            summary = write_report(spec, matrix, study, storage_url, out, plots=not args.no_plots)
+                    break
+                if problems:
+                    break
+            folds = [(fold, study) for _, fold, study, _, _ in opened if fold is not None]
+            summary = write_report(spec, matrix, opened[0][2], storage_url, out, not args.no_plots, folds)
         except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
             raise storage_error(storage_url, err) from None
     print(summary)

@@ -23,7 +23,6 @@ from sim import confirm, measure, record
 
 TORCH = [pytest.mark.torch, pytest.mark.slow]
 MODEL = ["--arch", "tiny", "--device", "cpu", "--threads", "1"]
-BEST = str(ROOT / "studies" / "gated_gb10" / "best.yaml")
 EMAIL = ROOT / "traces" / "email.jsonl"
 BIG_ID = 2**64  # a valid trace id (the format bounds digits, not values) that does not fit torch's int64
 
@@ -342,7 +341,8 @@ def c_profile_nan(t: Path) -> Built:
 
 def c_profile_too_narrow(t: Path) -> Built:
     path = profile8(t)
-    argv = _confirm(t, [trace(t)], "--config", BEST, profile=path)
+    wide = text(t, "wide.yaml", "policy: gated\nparams: {max_draft: 9}\n")
+    argv = _confirm(t, [trace(t)], "--config", wide, profile=path)
     return confirm.main, argv, [f"{path}: profile p8 measures verify widths 1..8", "needs width 10", "--max-width 10"]
 
 

@@ -25,6 +25,7 @@ from optuna.storages.journal import JournalFileBackend
 from sim import plot, tune
 
 EMAIL = ROOT / "traces" / "email.jsonl"
+EDIT = ROOT / "traces" / "edit_json.jsonl"
 PROFILE = "gb10-qwen3-8b-4bit"
 SPEC_LINES = [
     "name: tiny",  # 1
@@ -94,6 +95,46 @@ SPEC_VALUES = [
     ("name-path", replaced(1, "name: ../escape"), 1, "name must be a word"),
     ("trace-glob-empty", replaced(6, "traces: [nothing-here-*.jsonl]"), 6, "matches no file"),
     ("max-draft-beyond-profile", replaced(5, "  max_draft: {low: 2, high: 12}"), 5, "set high <= 9"),
+    # held-out validation, robust objectives, intervals and the confirmation plan (docs/tuning.md)
+    ("validation-by", SPEC_LINES + ["validation: {by: prompt, method: leave_one_out}"], 9, "trace, group, profile"),
+    ("validation-one-trace", SPEC_LINES + ["validation: {by: trace, method: leave_one_out}"], 9, "at least 2 traces"),
+    (
+        "validation-method",
+        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, method: loo}"],
+        9,
+        "leave_one_out, kfold",
+    ),
+    (
+        "validation-k",
+        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, method: kfold, k: 3}"],
+        9,
+        "validation/k must be an integer in 2..2",
+    ),
+    (
+        "validation-both",
+        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, method: kfold, holdout: ['*email*']}"],
+        9,
+        "exactly one of method",
+    ),
+    (
+        "holdout-nothing",
+        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, holdout: ['*x*']}"],
+        9,
+        "matches no trace",
+    ),
+    (
+        "holdout-all",
+        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, holdout: ['*']}"],
+        9,
+        "holds out every trace",
+    ),
+    ("group-twice", replaced(6, f"traces: {{a: [{EMAIL}], b: [{EMAIL}]}}"), 6, "in both groups 'a' and 'b'"),
+    ("group-weight", replaced(6, f"traces: {{a: {{files: [{EMAIL}], weight: -1}}}}"), 6, "weight must be a number"),
+    ("group-key", replaced(6, f"traces: {{a: {{globs: [{EMAIL}]}}}}"), 6, "unknown key 'globs' in traces/a"),
+    ("robust-quantile", SPEC_LINES + ["robust: {quantile: 0.9}"], 9, "robust/quantile must be a number in 0.01..0.5"),
+    ("bootstrap-few", SPEC_LINES + ["bootstrap: {resamples: 10}"], 9, "bootstrap/resamples must be an integer in"),
+    ("confirm-noise", SPEC_LINES + ["confirm: {noise: 0}"], 9, "confirm/noise must be a number in"),
+    ("objective-unknown", SPEC_LINES + ["objective: cvar"], 9, "cvar_speedup, jitter_geomean"),
 ]
 
 

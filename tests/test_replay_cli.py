@@ -79,7 +79,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "bad trace line": ([str(broken)], [f"{broken}:3: ", "'id'"]),
         "unknown policy": (
             [EMAIL, "--policy", "gatd"],
-            ["unknown policy 'gatd'", "fixed, gated, graded, heuristic, off"],
+            ["unknown policy 'gatd'", "registered: ", "gated", "graded", "heuristic"],
         ),
         "unknown policy in --compare": ([EMAIL, "--compare", "off,nope"], ["unknown policy 'nope'"]),
         "unknown --set key": (
@@ -342,17 +342,17 @@ def test_risk_margin_on_traces_without_margins_says_so(capsys, tmp_path):
 
 def test_config_rows_are_labelled_by_study_and_trial_with_parameters_in_json(capsys, tmp_path):
     """A best.yaml whose notes name its study and trial labels its rows `STUDY trial N` (the committed one:
-    `gated_gb10 trial 858`), not every parameter at full precision; --json still carries every parameter, and a
+    `gated_gb10 trial 29`), not every parameter at full precision; --json still carries every parameter, and a
     --set on top of it is added to the label."""
     best = ROOT / "studies" / "gated_gb10" / "best.yaml"
     code, out, _ = _main(capsys, EMAIL, "--config", str(best))
-    assert code == 0 and out.startswith("email | gated_gb10 trial 858 | gb10-qwen3-8b-4bit\n"), out
+    assert code == 0 and out.startswith("email | gated_gb10 trial 29 | gb10-qwen3-8b-4bit\n"), out
     _, out, _ = _main(capsys, EMAIL, "--config", str(best), "--json")
     (row,) = _json_rows(out)
-    assert row["label"] == "gated_gb10 trial 858"
+    assert row["label"] == "gated_gb10 trial 29"
     assert row["params"] == yaml.safe_load(best.read_text())["params"]
     _, out, _ = _main(capsys, EMAIL, "--config", str(best), "--set", "max_draft=4", "--json")
-    assert _json_rows(out)[0]["label"] == "gated_gb10 trial 858:max_draft=4"
+    assert _json_rows(out)[0]["label"] == "gated_gb10 trial 29:max_draft=4"
     other = tmp_path / "mine.yaml"
     other.write_text("policy: graded\nnotes: tried by hand\nparams: {block_slope: 1.2345678901234}\n")
     _, out, _ = _main(capsys, EMAIL, "--config", str(other), "--json")

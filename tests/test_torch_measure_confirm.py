@@ -198,7 +198,7 @@ def test_measure_bad_input_is_one_error_line(tmp_path, capsys):
 
 def test_record_measure_confirm_with_the_committed_best_configuration(profile, tmp_path, capsys):
     """The README's chain: a trace recorded by sim.record, a profile measured by sim.measure with its default widths,
-    and sim.confirm of the committed studies/gated_gb10/best.yaml (max_draft 9, width 10) beside graded and gated; the
+    and sim.confirm of the committed studies/gated_gb10/best.yaml beside graded and gated; the
     confirm run shows a progress bar with an estimate of the time left on stderr."""
     prompt = tmp_path / "repeats.jsonl"
     write_trace(prompt, {"prompt_tokens": [5, 6, 7, 8] * 8, "stop": "max_tokens"}, [1])
@@ -220,13 +220,22 @@ def test_record_measure_confirm_with_the_committed_best_configuration(profile, t
 
 
 def test_confirm_names_the_missing_width_and_the_measure_flag(tmp_path, capsys):
-    """A profile measured with --max-width 8 cannot price the committed best.yaml (max_draft 9): one line naming the
+    """A profile measured with --max-width 8 cannot price a configuration with max_draft 9: one line naming the
     profile, the width 10 it lacks and `sim.measure --max-width 10`, before any model is loaded."""
     narrow = tmp_path / "narrow.yaml"
     assert measure_cli.main(["--out", str(narrow), *QUICK, "--max-width", "8", *MODEL]) == 0
     capsys.readouterr()
-    best = str(ROOT / "studies" / "gated_gb10" / "best.yaml")
-    argv = [str(ROOT / "traces" / "email.jsonl"), "--profile", str(narrow), "--config", best, "--out", str(tmp_path)]
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("policy: gated\nparams: {max_draft: 9}\n")
+    argv = [
+        str(ROOT / "traces" / "email.jsonl"),
+        "--profile",
+        str(narrow),
+        "--config",
+        str(wide),
+        "--out",
+        str(tmp_path),
+    ]
     assert confirm.main([*argv, *MODEL]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {narrow}: profile narrow measures verify widths 1..8")

@@ -256,6 +256,7 @@ def test_reports_and_plots_are_byte_identical_for_the_same_study(tmp_path, monke
         assert needle in report
 
 
+@pytest.mark.slow  # the committed spec's corpus-sized matrix, one study per held-out group: a minute or two
 def test_user_runs_go_to_runs_and_never_touch_the_committed_results(tmp_path, monkeypatch):
     """In a copy of the repository's layout, the README's command (run twice) writes runs/NAME.db and runs/NAME/,
     the second run continues the first's study, and studies/NAME/ keeps its committed bytes."""
@@ -280,7 +281,7 @@ def test_committed_reports_name_the_storage_and_folder_they_rebuild(name):
     rebuild = report.split("## Reproduce", 1)[1].split("Then:", 1)[0]
     commands = [line.strip() for line in rebuild.splitlines() if line.startswith("    python -m sim.tune")]
     assert commands == [
-        f"python -m sim.tune studies/{name}.yaml --n-trials 1000 --storage sqlite:///studies/{name}.db "
+        f"python -m sim.tune studies/{name}.yaml --n-trials 500 --storage sqlite:///studies/{name}.db "
         f"--out studies/{name}"
     ]
 

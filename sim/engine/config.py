@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies import Governor, policy_class
+from sim.drafters.registry import KEY as DRAFTER_KEY
+from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
+from sim.drafters.registry import DrafterConfig, make_drafter, parse_drafter, shipped, split_drafter
 from sim.engine.loop import LoopParams
 from sim.engine.params import KeyLines, build_params, fields_of
 from sim.errors import ConfigError
@@ -27,6 +30,8 @@ class PolicyConfig:
     policy: str
     params: Any  # the policy's frozen Params dataclass
     loop: LoopParams
+    # the drafter (docs/drafters.md); the default, prompt lookup, adds nothing to settings() or labels
+    drafter: DrafterConfig = dataclasses.field(default_factory=lambda: make_drafter({}))
 
     def governor(self, costs: ForwardCosts | None = None) -> Governor:
         """A fresh governor: replays never share state. One that reads costs is bound to `costs`, which it needs."""
@@ -44,7 +49,7 @@ class PolicyConfig:
 
     def settings(self) -> dict[str, Any]:
         """Every parameter, policy and loop, in one flat mapping (sorted keys)."""
-        merged = {**dataclasses.asdict(self.params), **dataclasses.asdict(self.loop)}
+        merged = {**dataclasses.asdict(self.params), **dataclasses.asdict(self.loop), **self.drafter.settings()}
         return dict(sorted(merged.items()))
 
     def as_dict(self) -> dict[str, Any]:
@@ -53,22 +58,30 @@ class PolicyConfig:
     def label(self, base: PolicyConfig | None = None) -> str:
         """`gated` for defaults, `gated:full_at=1.75` for the settings that differ from `base` (or the defaults)."""
         reference = (base or make_config(self.policy, {})).settings()
-        changed = [f"{k}={v}" for k, v in self.settings().items() if reference.get(k) != v]
+        if reference.get(DRAFTER_KEY) != self.drafter.name and not self.drafter.is_default:
+            # Another drafter than the reference's shows its name and only the parameters it changed.
+            reference.update(shipped(self.drafter.name).every_setting(), **{DRAFTER_KEY: None})
+        mine = self.settings()
+        if DRAFTER_KEY in reference and DRAFTER_KEY not in mine:  # back to the default drafter: say so
+            mine = dict(sorted({**mine, DRAFTER_KEY: self.drafter.name}.items()))
+        changed = [f"{k}={v}" for k, v in mine.items() if reference.get(k) != v]
         return ":".join([self.policy, *changed])
 
 
 def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
-    """Split flat settings between the policy and the loop; an unknown key names every allowed one."""
+    """Split flat settings between the policy, the loop and the drafter (`drafter`, `drafter.KEY`); an unknown key
+    names every allowed one."""
+    drafter_values, values = split_drafter(values)
     cls = policy_class(policy)
     policy_keys = fields_of(cls.Params)
     loop_keys = fields_of(LoopParams)
     unknown = sorted(set(values) - set(policy_keys) - set(loop_keys))
     if unknown:
-        allowed = ", ".join([*policy_keys, *loop_keys])
+        allowed = ", ".join([*policy_keys, *loop_keys, DRAFTER_KEY, DRAFTER_PREFIX + "KEY"])
         raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for policy {policy}; allowed: {allowed}")
     params = build_params(cls.Params, {k: v for k, v in values.items() if k in policy_keys}, policy)
     loop = build_params(LoopParams, {k: v for k, v in values.items() if k in loop_keys}, "loop")
-    return PolicyConfig(policy, params, loop)
+    return PolicyConfig(policy, params, loop, make_drafter(drafter_values))
 
 
 def parse_assignments(items: list[str]) -> dict[str, str]:
@@ -105,9 +118,11 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
     at = KeyLines(path, data.decode("utf-8"))
     if not isinstance(raw, dict) or "policy" not in raw:
         raise ConfigError(f"{at.where()}: expected a mapping with 'policy' and optional 'params'")
-    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes"})
+    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes", DRAFTER_KEY})
     if extra:
-        raise ConfigError(f"{at.where(extra[0])}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes")
+        raise ConfigError(
+            f"{at.where(extra[0])}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes, drafter"
+        )
     if not isinstance(raw["policy"], str):
         raise ConfigError(f"{at.where('policy')}: 'policy' must be a policy name, got {raw['policy']!r}")
     params = raw.get("params") or {}
@@ -120,6 +135,11 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
         policy_class(raw["policy"])
     except ConfigError as err:
         raise ConfigError(f"{at.where('policy')}: {err}") from None
+    if DRAFTER_KEY in raw:  # `drafter: suffix:min_token_prob=0.2`, the same as those settings under params
+        try:
+            params = {**params, **_drafter_entry(raw[DRAFTER_KEY], params)}
+        except ConfigError as err:
+            raise ConfigError(f"{at.where(DRAFTER_KEY)}: {err}") from None
     try:
         config = make_config(raw["policy"], params)
     except ConfigError as err:
@@ -128,6 +148,17 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
     found = _STUDY_NOTES.match(notes) if isinstance(notes, str) else None
     label = f"{found[1]} trial {found[2]}" if found else f"config:{Path(path).name}"
     return config, label
+
+
+def _drafter_entry(value: Any, params: dict[str, Any]) -> dict[str, str]:
+    """A config file's `drafter:` as flat settings; it may not contradict drafter settings under params."""
+    if not isinstance(value, str):
+        raise ConfigError(f"'drafter' must be a drafter name such as suffix or suffix:min_token_prob=0.2, got {value}")
+    settings = parse_drafter(value)
+    twice = sorted(k for k in settings if k in params)
+    if twice:
+        raise ConfigError(f"'drafter' and params both set {', '.join(twice)}; set each once")
+    return settings
 
 
 def _culprit(policy: str, params: dict[Any, Any]) -> tuple[str, ...]:

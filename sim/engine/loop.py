@@ -132,6 +132,8 @@ class LoopResult:
     # forward decided, where a near-tie may flip greedy output on hardware (docs/parity-risk.md)
     drafted_spans: list[tuple[int, int]] = field(default_factory=list)
     iterations: list[Iteration] | None = field(default=None, repr=False)
+    # (index of the action it precedes, tokens it returned) per drafter call of step 3, for a drafter's host cost
+    lookups: list[tuple[int, int]] = field(default_factory=list, repr=False)
 
 
 def settle(probe: tuple[int, list[int]], context: Sequence[int], claims: int) -> bool | None:
@@ -160,6 +162,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
     actions: list[int] = []
     contexts: list[int] = []
     drafted_spans: list[tuple[int, int]] = []
+    lookups: list[tuple[int, int]] = []
     log: list[Iteration] | None = [] if keep_iterations else None
     context = list(prompt)
 
@@ -200,11 +203,13 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
         if paused:
             if probe is None and governor.probes_while_paused():
                 claims = drafter.propose(context, governor.shadow_confirm_length)
+                lookups.append((len(actions), len(claims)))  # the iteration's first action waits for it
                 if len(claims) == governor.shadow_confirm_length:
                     probe = (len(context), claims)  # claims[i] is about the token landing at position len + i
                     probe_made = True
         else:
             proposal = drafter.propose(context, budget)
+            lookups.append((len(actions), len(proposal)))
 
         # 4.
         plain_streak = plain_streak + 1 if not proposal else 0
@@ -301,7 +306,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
             break
 
     c.generated = emitted
-    return LoopResult(c, actions, contexts, context[len(prompt) :], drafted_spans, log)
+    return LoopResult(c, actions, contexts, context[len(prompt) :], drafted_spans, log, lookups)
 
 
 class TraceTarget:

@@ -9,10 +9,14 @@ the row carries everything that produced it (parameters, profile, hashes).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sim.drafters.base import Drafter
+from sim.drafters.registry import drafter_class
+from sim.drafters.stream import World
 from sim.engine.config import PolicyConfig
 from sim.engine.costs import Profile
 from sim.engine.lookup import PromptLookup
@@ -38,6 +42,32 @@ def drafter_for(trace: Trace, ngram_min: int, ngram_max: int) -> PromptLookup:
             ngram_min, ngram_max, trace.prompt_tokens + trace.tokens, prompt_length=len(trace.prompt_tokens)
         )
     return _DRAFTERS[key]
+
+
+# Drafters other than prompt lookup, indexed once per trace, parameters and place in a stream; a study searching
+# drafter parameters makes a new one per trial, so only the most recent are kept.
+_OTHER_DRAFTERS: OrderedDict[tuple[Any, ...], Drafter] = OrderedDict()
+MAX_OTHER_DRAFTERS = 64
+
+
+def request_drafter(trace: Trace, config: PolicyConfig, world: World | None = None) -> Drafter:
+    """The drafter of one request (docs/drafters.md): prompt lookup through `drafter_for`; another family over
+    the trace's whole context, seeing `world`'s earlier replies when it keeps a cache across requests."""
+    loop = config.loop
+    if config.drafter.name == "lookup":
+        return drafter_for(trace, loop.ngram_min, loop.ngram_max)
+    family = drafter_class(config.drafter.name)
+    place = world if family.cross_request else None
+    key = (trace.sha256 or trace.path, config.drafter, place, loop.ngram_min, loop.ngram_max)
+    if key in _OTHER_DRAFTERS:
+        _OTHER_DRAFTERS.move_to_end(key)
+    else:
+        _OTHER_DRAFTERS[key] = family.for_request(
+            config.drafter.params, loop, trace.prompt_tokens + trace.tokens, len(trace.prompt_tokens), place
+        )
+        while len(_OTHER_DRAFTERS) > MAX_OTHER_DRAFTERS:
+            _OTHER_DRAFTERS.popitem(last=False)
+    return _OTHER_DRAFTERS[key]
 
 
 def check_max_tokens(override: int | None) -> None:
@@ -76,18 +106,25 @@ def run_trace(
     max_tokens: int | None = None,
     keep_iterations: bool = False,
     costs: ForwardCosts | None = None,
+    world: World | None = None,
 ) -> LoopResult:
     """The loop over a trace: counters and action log, no timing. `costs` is the profile a governor that reads
-    costs is bound to (the others ignore it)."""
+    costs is bound to (the others ignore it); `world` places the trace in a stream of requests (--as-stream)."""
     loop = config.loop
     target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
-    drafter = drafter_for(trace, loop.ngram_min, loop.ngram_max)
+    drafter = request_drafter(trace, config, world)
+    governor = config.governor(costs)
+    cap = effective_max_tokens(trace, max_tokens)
+    if not governor.causal:  # the hindsight oracle: its schedule is computed from the whole trace first
+        from sim.engine.oracle import foresee  # imported here: that module imports this one
+
+        foresee(governor, trace, config, cap, drafter, costs)
     return run(
         target,
-        config.governor(costs),
+        governor,
         loop,
         trace.prompt_tokens,
-        effective_max_tokens(trace, max_tokens),
+        cap,
         drafter,
         keep_iterations=keep_iterations,
     )
@@ -101,10 +138,12 @@ def time_trace_run(
     jitter: Jitter = NO_JITTER,
     model: TimingModel = simpy_timing,
     keep_host_times: bool = False,
+    drafting: tuple[float, float] = (0.0, 0.0),
 ) -> RunTiming:
-    """`time_run` for a loop result over `trace`: its prompt, and whether plain decoding reads an EOS."""
+    """`time_run` for a loop result over `trace`: its prompt, and whether plain decoding reads an EOS; `drafting`
+    is the drafter's host cost (ms per lookup, ms per proposed token)."""
     eos = stopped_on_eos(effective_max_tokens(trace, max_tokens), result.counters.generated)
-    return time_run(result, costs, len(trace.prompt_tokens), eos, jitter, model, keep_host_times)
+    return time_run(result, costs, len(trace.prompt_tokens), eos, jitter, model, keep_host_times, drafting)
 
 
 def risky_verifies(trace: Trace, spans: list[tuple[int, int]], margin: float) -> int | None:
@@ -135,6 +174,7 @@ class ReplayRow:
     plain_time_ms: float
     risk_margin: float = DEFAULT_RISK_MARGIN
     risky_verifies: int | None = None
+    stream: tuple[int, int] | None = None  # (this request's index, requests in the stream) under --as-stream
 
     @property
     def speedup(self) -> float:
@@ -168,6 +208,7 @@ class ReplayRow:
             "speedup": self.speedup,
             "tok_s": 1000.0 * generated / self.time_ms if self.time_ms > 0 else 0.0,
             "plain_tok_s": 1000.0 * generated / self.plain_time_ms if self.plain_time_ms > 0 else 0.0,
+            **({"stream": {"index": self.stream[0], "requests": self.stream[1]}} if self.stream else {}),
         }
 
 
@@ -180,9 +221,10 @@ def replay(
     model: TimingModel = simpy_timing,
     risk_margin: float = DEFAULT_RISK_MARGIN,
     label: str | None = None,
+    world: World | None = None,
 ) -> ReplayRow:
     """One row: counters, simulated time and plain decoding's, with everything that produced them."""
-    return replay_run(trace, config, profile, max_tokens, jitter, model, risk_margin, label)[0]
+    return replay_run(trace, config, profile, max_tokens, jitter, model, risk_margin, label, world=world)[0]
 
 
 def replay_run(
@@ -195,12 +237,15 @@ def replay_run(
     risk_margin: float = DEFAULT_RISK_MARGIN,
     label: str | None = None,
     keep_iterations: bool = False,
+    world: World | None = None,
 ) -> tuple[ReplayRow, LoopResult, RunTiming]:
     """`replay`'s row with the loop result and its timing; `keep_iterations` also keeps every iteration and the
-    host clock after every action, for round-by-round records."""
+    host clock after every action, for round-by-round records; `world` places the trace in a stream."""
     require_widths([config], [profile])
-    result = run_trace(trace, config, max_tokens, keep_iterations, costs=profile)
-    timed = time_trace_run(trace, result, profile, max_tokens, jitter, model, keep_host_times=keep_iterations)
+    result = run_trace(trace, config, max_tokens, keep_iterations, costs=profile, world=world)
+    timed = time_trace_run(
+        trace, result, profile, max_tokens, jitter, model, keep_iterations, config.drafter.host_cost()
+    )
     row = ReplayRow(
         trace,
         config,
@@ -213,6 +258,7 @@ def replay_run(
         timed.plain_ms,
         risk_margin,
         risky_verifies(trace, result.drafted_spans, risk_margin),
+        (world.index, len(world.stream.replies)) if world is not None else None,
     )
     return row, result, timed
 

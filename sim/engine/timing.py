@@ -111,8 +111,10 @@ def simpy_timing(
     prompt_tokens: int,
     jitter: Jitter = NO_JITTER,
     keep_host_times: bool = False,
+    drafting_ms: Sequence[float] | None = None,
 ) -> Timing:
-    """Run the simpy host/device model over an action log."""
+    """Run the simpy host/device model over an action log; `drafting_ms[i]` is host time spent drafting before
+    action i (docs/drafters.md, section 6)."""
     _check(actions, contexts, costs)
     env = simpy.Environment()
     queue: simpy.Store = simpy.Store(env)
@@ -135,7 +137,9 @@ def simpy_timing(
     def host() -> Generator[simpy.Event, object, None]:
         yield env.timeout(prefill)
         in_flight: deque[simpy.Event] = deque()
-        for action, context in zip(actions, contexts, strict=True):
+        for i, (action, context) in enumerate(zip(actions, contexts, strict=True)):
+            if drafting_ms is not None and drafting_ms[i] > 0:
+                yield env.timeout(drafting_ms[i])
             if action == STEP:
                 in_flight.append(submit(1, context))  # do not wait: the device-side token feeds the next step
             elif action == READ:
@@ -160,6 +164,7 @@ def recurrence_timing(
     prompt_tokens: int,
     jitter: Jitter = NO_JITTER,
     keep_host_times: bool = False,
+    drafting_ms: Sequence[float] | None = None,
 ) -> Timing:
     """The same model as `simpy_timing`, as a recurrence over two clocks: host and device-free."""
     _check(actions, contexts, costs)
@@ -170,7 +175,9 @@ def recurrence_timing(
     device_free = prefill
     in_flight: deque[float] = deque()
     host_times: list[float] = []
-    for action, context in zip(actions, contexts, strict=True):
+    for i, (action, context) in enumerate(zip(actions, contexts, strict=True)):
+        if drafting_ms is not None and drafting_ms[i] > 0:
+            host += drafting_ms[i]
         if action == STEP:
             device_free = max(device_free, host) + device(1, context) * noise()
             in_flight.append(device_free)
@@ -199,6 +206,17 @@ def plain_actions(generated: int, stopped_on_eos: bool, prompt_tokens: int) -> t
     return actions, contexts
 
 
+def drafting_times(result: LoopResult, drafting: tuple[float, float]) -> list[float] | None:
+    """Host ms spent drafting before each action of `result` (None when drafting is free, as for `lookup`)."""
+    per_lookup, per_token = drafting
+    if per_lookup == 0 and per_token == 0:
+        return None
+    extra = [0.0] * len(result.actions)
+    for action, tokens in result.lookups:
+        extra[action] += per_lookup + per_token * tokens
+    return extra
+
+
 @dataclass(frozen=True)
 class RunTiming:
     """A run's simulated time beside plain decoding's for the same tokens, prefill included in both."""
@@ -222,9 +240,12 @@ def time_run(
     jitter: Jitter = NO_JITTER,
     model: TimingModel = simpy_timing,
     keep_host_times: bool = False,
+    drafting: tuple[float, float] = (0.0, 0.0),
 ) -> RunTiming:
-    """Time a loop result and plain decoding of the same tokens on one cost function, with the same noise."""
-    timing = model(result.actions, result.contexts, costs, prompt_tokens, jitter, keep_host_times)
+    """Time a loop result and plain decoding of the same tokens on one cost function, with the same noise.
+    `drafting` is the drafter's host cost (ms per lookup, ms per proposed token); plain decoding drafts nothing."""
+    extra = drafting_times(result, drafting)
+    timing = model(result.actions, result.contexts, costs, prompt_tokens, jitter, keep_host_times, drafting_ms=extra)
     plain_acts, plain_contexts = plain_actions(result.counters.generated, stopped_on_eos, prompt_tokens)
     plain = model(plain_acts, plain_contexts, costs, prompt_tokens, jitter, keep_host_times)
     return RunTiming(timing.total_ms, plain.total_ms, timing, plain, tuple(plain_acts))

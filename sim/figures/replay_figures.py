@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from policies import REGISTRY
 from sim.errors import PlotError
 from sim.figures.rounds import MAX_RUNS_PER_FIGURE, Run
 from sim.figures.style import ACCEPTED, CONFIRM, DPI, OWN, PALETTE, PAUSED, REJECTED, file_part, save
@@ -27,6 +28,12 @@ from sim.figures.style import ACCEPTED, CONFIRM, DPI, OWN, PALETTE, PAUSED, REJE
 def colours(runs: Sequence[Run]) -> dict[str, str]:
     """One colour per policy label, in file order, so a policy keeps its colour across figures."""
     return {run.label: PALETTE[i % len(PALETTE)] for i, run in enumerate(runs)}
+
+
+def _name(run: Run) -> str:
+    """A run's legend name; the hindsight oracle's says it is not causal (it knew the whole trace)."""
+    policy = REGISTRY.get(str(run.row["policy"]))
+    return run.label if policy is None or policy.causal else f"{run.label} (not causal)"
 
 
 def _title(runs: Sequence[Run]) -> str:
@@ -60,7 +67,7 @@ def timeline_figure(runs: Sequence[Run]) -> Figure:
             color=colour,
             lw=1.8,
             drawstyle="steps-post",
-            label=f"{run.label} ({run.row['time_ms']:.0f} ms, {run.row['speedup']:.3f}x plain)",
+            label=f"{_name(run)} ({run.row['time_ms']:.0f} ms, {run.row['speedup']:.3f}x plain)",
         )
     ax.set_xlabel("simulated time since the call started (ms, prefill included)")
     ax.set_ylabel("tokens emitted")
@@ -126,7 +133,7 @@ def rounds_figure(runs: Sequence[Run]) -> Figure:
                 ax.plot(r["first_token"], top - 0.6, marker="v", color=CONFIRM, ms=8)
         row = run.row
         ax.set_title(
-            f"{run.label}: {row['drafted_rounds']} drafted rounds, {row['accepted']}/{row['proposed']} "
+            f"{_name(run)}: {row['drafted_rounds']} drafted rounds, {row['accepted']}/{row['proposed']} "
             f"proposals accepted, {row['paused_rounds']} paused rounds, "
             f"{row['shadow_confirmations']} shadow confirmations, {row['speedup']:.3f}x plain",
             fontsize=10,
@@ -164,7 +171,7 @@ def gap_figure(runs: Sequence[Run]) -> Figure:
             color=colour,
             lw=1.8,
             drawstyle="steps-post",
-            label=f"{run.label} (ends {ahead[-1]:+.0f} ms, {run.row['speedup']:.3f}x)",
+            label=f"{_name(run)} (ends {ahead[-1]:+.0f} ms, {run.row['speedup']:.3f}x)",
         )
         drafted = [r for r in run.rounds if r["drafted"]]
         for landed, marker in ((True, "o"), (False, "x")):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policies import policy_class
 from sim.engine.config import PolicyConfig, load_config_file, make_config, split_variant
 from sim.errors import ConfigError
 
@@ -27,9 +28,11 @@ def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
     for variant in policies.split(",") if policies else []:
         name, own = split_variant(variant)
         config = make_config(name, own)
+        _require_causal(config, f"--policies {variant}")
         arms.append(Arm(config.label(), config))
     for path in configs:
         config = load_config_file(path)
+        _require_causal(config, f"--config {path}")
         arms.append(Arm(f"{Path(path).name}:{config.label()}", config))
     labels = [a.label for a in arms]
     if len(set(labels)) < len(labels):
@@ -37,3 +40,12 @@ def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
     if len(arms) < 2:
         raise ConfigError("no arm besides plain: give --policies and/or --config")
     return arms
+
+
+def _require_causal(config: PolicyConfig, where: str) -> None:
+    """A real model cannot be told its future: the hindsight oracle is a replay-only bound."""
+    if not policy_class(config.policy).causal:
+        raise ConfigError(
+            f"{where}: policy {config.policy} is not causal (it knows the whole trace, docs/oracle.md) "
+            "and cannot run on a real model; confirm causal policies only"
+        )

@@ -17,29 +17,42 @@ profile measured on this machine by `sim.measure`) and the error in points of x
 (100 * (measured - predicted)). `--scripted` forces the trace's tokens (real
 forwards, real costs), so any trace can be confirmed with any weights; without
 it the model decodes for itself and parity with the trace is reported too.
+
+Paired against a control arm (`--control`, plain decoding by default): per
+trace and candidate, the ratio candidate/control within each repetition (the
+two ran back to back, so drift between repetitions cancels), its geomean over
+repetitions with a Student t 95% interval, the simulator's predicted ratio, and
+the verdict: confirmed (the interval lies on the predicted side of 1), refuted
+(it does not, and excludes the prediction) or unresolved (it holds both 1 and
+the prediction: more repetitions needed). The same over every trace (per
+repetition, the geomean over traces), and the noise: the pooled sd of a row's
+log paired ratio between repetitions, what a study spec's `confirm: {noise:}`
+plans repetitions with (docs/tuning.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sim.drafters.registry import live_drafter
 from sim.engine.config import make_config
 from sim.engine.costs import Profile
-from sim.engine.lookup import PromptLookup
 from sim.engine.loop import Counters, run
 from sim.engine.replay import effective_max_tokens, geomean, replay, require_widths
-from sim.engine.timing import recurrence_timing
+from sim.engine.timing import ForwardCosts, recurrence_timing
 from sim.engine.trace import Trace
 from sim.hardware.arms import PLAIN, Arm, build_arms  # noqa: F401 (the library's API)
 from sim.hardware.model import LoadedModel
 from sim.hardware.options import progress as progress_bar
 from sim.hardware.target import TorchTarget, decode_plain, synchronize
+from sim.tuning import stats
 
 
 @dataclass
@@ -49,8 +62,16 @@ class RunResult:
     counters: Counters | None  # None for plain decoding (not a loop run)
 
 
-def run_arm(lm: LoadedModel, trace: Trace, arm: Arm, max_tokens: int | None, scripted: bool) -> RunResult:
-    """One timed decode of the trace's prompt under the arm, prefill included."""
+def run_arm(
+    lm: LoadedModel,
+    trace: Trace,
+    arm: Arm,
+    max_tokens: int | None,
+    scripted: bool,
+    costs: ForwardCosts | None = None,
+) -> RunResult:
+    """One timed decode of the trace's prompt under the arm, prefill included; `costs` is the profile a governor
+    that reads costs decides on (the one confirm predicts with)."""
     prompt = list(trace.prompt_tokens)
     target = TorchTarget(lm, prompt, script=trace.tokens if scripted else None, script_stops_on_eos=trace.stop == "eos")
     counters = None
@@ -64,8 +85,8 @@ def run_arm(lm: LoadedModel, trace: Trace, arm: Arm, max_tokens: int | None, scr
         else:
             loop = arm.config.loop
             # Indexing the prompt is part of the run.
-            drafter = PromptLookup(loop.ngram_min, loop.ngram_max, prompt, len(prompt))
-            result = run(target, arm.config.governor(), loop, prompt, max_tokens, drafter)
+            drafter = live_drafter(arm.config.drafter, loop, prompt)
+            result = run(target, arm.config.governor(costs), loop, prompt, max_tokens, drafter)
             tokens, counters = result.tokens, result.counters
         ms = (time.perf_counter() - start) * 1000.0
         synchronize(lm)  # a step left in flight after EOS finishes outside the clock
@@ -86,7 +107,7 @@ def confirm(
 ) -> list[dict[str, Any]]:
     """Measured and predicted rows, one per trace and arm."""
     require_widths([arm.config for arm in arms if arm.config is not None], [profile])
-    runs = collect(lm, traces, arms, reps, scripted, max_tokens, progress=progress)
+    runs = collect(lm, traces, arms, reps, scripted, max_tokens, progress=progress, costs=profile)
     return rows_for(traces, arms, runs, profile, max_tokens, scripted)
 
 
@@ -100,6 +121,7 @@ def collect(
     warmup_tokens: int = 32,
     progress: bool = True,
     between: Callable[[int], None] | None = None,
+    costs: ForwardCosts | None = None,
 ) -> list[dict[str, list[RunResult]]]:
     """Every timed run, per trace and arm; `between(rep)` runs after each repetition (e.g. more profile rounds)."""
     bar = progress_bar(len(arms) + len(traces) * reps * len(arms), "confirm", "run", enabled=progress)
@@ -107,7 +129,7 @@ def collect(
     # Warm every arm up once on a short prefix (first calls allocate, pick kernels, fill caches).
     warm = traces[0]
     for arm in arms:
-        run_arm(lm, warm, arm, min(warmup_tokens, effective_max_tokens(warm, None) or warmup_tokens), scripted)
+        run_arm(lm, warm, arm, min(warmup_tokens, effective_max_tokens(warm, None) or warmup_tokens), scripted, costs)
         bar.update(1)
     caps = [effective_max_tokens(trace, max_tokens) for trace in traces]
     runs: list[dict[str, list[RunResult]]] = [{arm.label: [] for arm in arms} for _ in traces]
@@ -118,7 +140,7 @@ def collect(
         for trace, cap, trace_runs in zip(traces, caps, runs, strict=True):
             for arm in arms[shift:] + arms[:shift]:
                 bar.set_postfix_str(f"rep {rep + 1}/{reps} {trace.name} {arm.label}"[:60], refresh=False)
-                trace_runs[arm.label].append(run_arm(lm, trace, arm, cap, scripted))
+                trace_runs[arm.label].append(run_arm(lm, trace, arm, cap, scripted, costs))
                 bar.update(1)
         if between is not None:
             between(rep)
@@ -195,7 +217,48 @@ def _rows(
     return out
 
 
-def summary(rows: list[dict[str, Any]], arms: list[Arm]) -> dict[str, Any]:
+def paired(rows: list[dict[str, Any]], arms: list[Arm], control: str) -> dict[str, Any]:
+    """Every candidate arm against `control`, per trace and over all traces (see the module's docstring); adds
+    `paired` to each candidate row."""
+    by_key = {(r["trace"], r["arm"]): r for r in rows}
+    traces = list(dict.fromkeys(r["trace"] for r in rows))
+    overall: dict[str, Any] = {}
+    variances = []
+    for arm in arms:
+        if arm.label == control:
+            continue
+        per_rep: list[list[float]] = []
+        predicted = []
+        for trace in traces:
+            row, base = by_key[(trace, arm.label)], by_key[(trace, control)]
+            logs = [math.log(a / b) for a, b in zip(row["tok_s_all"], base["tok_s_all"], strict=True)]
+            expected = math.log(row["predicted_speedup"] / base["predicted_speedup"])
+            row["paired"] = _paired_entry(control, logs, expected)
+            per_rep.append(logs)
+            predicted.append(expected)
+            if len(logs) > 1:
+                variances.append(statistics.variance(logs))
+        # One value per repetition: the mean over traces of that repetition's log ratios (a geomean of ratios).
+        rep_means = [sum(col) / len(col) for col in zip(*per_rep, strict=True)]
+        overall[arm.label] = _paired_entry(control, rep_means, sum(predicted) / len(predicted))
+    noise = math.sqrt(sum(variances) / len(variances)) if variances else None
+    return {"control": control, "arms": overall, "noise": noise}
+
+
+def _paired_entry(control: str, logs: list[float], predicted: float) -> dict[str, Any]:
+    mean, low, high = stats.paired_interval(logs)
+    return {
+        "control": control,
+        "ratio_reps": [math.exp(x) for x in logs],
+        "ratio": math.exp(mean),
+        "low": math.exp(low),
+        "high": math.exp(high),
+        "predicted": math.exp(predicted),
+        "verdict": stats.verdict(low, high, predicted),
+    }
+
+
+def summary(rows: list[dict[str, Any]], arms: list[Arm], control: str = PLAIN) -> dict[str, Any]:
     policy_rows = [r for r in rows if r["arm"] != PLAIN]
     errors = [abs(r["error_points"]) for r in policy_rows]
     return {
@@ -207,6 +270,7 @@ def summary(rows: list[dict[str, Any]], arms: list[Arm]) -> dict[str, Any]:
         "geomean_predicted_speedup": {
             a.label: geomean([r["predicted_speedup"] for r in rows if r["arm"] == a.label]) for a in arms
         },
+        "paired": paired(rows, arms, control),
     }
 
 
@@ -246,8 +310,50 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for label, x in s["geomean_speedup"].items():
         lines.append(f"| {label} | {x:.3f} | {s['geomean_predicted_speedup'][label]:.3f} |")
-    lines += ["", f"Command: `{result['command']}`", ""]
+    lines += ["", *_paired_lines(result), f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
+
+
+def _interval(p: dict[str, Any]) -> str:
+    if not math.isfinite(p["low"]) or not math.isfinite(p["high"]) or p["high"] > 1e6:
+        return "- (one repetition)"
+    return f"{p['low']:.3f}-{p['high']:.3f}"
+
+
+def _paired_lines(result: dict[str, Any]) -> list[str]:
+    """Candidate/control ratios per row and overall with 95% intervals, the verdicts and the measured noise."""
+    p = result["summary"]["paired"]
+    lines = [
+        f"## Paired against the control `{p['control']}`",
+        "",
+        "ratio = candidate tok/s / control tok/s within each repetition (back to back); shown: the geomean over "
+        "repetitions and its 95% t interval, the simulator's predicted ratio, and the verdict (confirmed: the "
+        "interval lies on the predicted side of 1; refuted: it does not and excludes the prediction; unresolved: "
+        "it holds both).",
+        "",
+        "| trace | arm | ratio | 95% CI | predicted | verdict | per repetition |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for r in result["rows"]:
+        if "paired" in r:
+            q = r["paired"]
+            reps = ", ".join(f"{x:.3f}" for x in q["ratio_reps"])
+            lines.append(
+                f"| {r['trace']} | {r['arm']} | {q['ratio']:.3f} | {_interval(q)} | {q['predicted']:.3f} "
+                f"| {q['verdict']} | {reps} |"
+            )
+    for label, q in p["arms"].items():
+        lines.append(
+            f"| **every trace** (geomean) | {label} | {q['ratio']:.3f} | {_interval(q)} | {q['predicted']:.3f} "
+            f"| **{q['verdict']}** | |"
+        )
+    noise = (
+        f"Noise: the sd of a row's log paired ratio between repetitions is {p['noise']:.4f} (pooled over rows); "
+        f"a study spec plans repetitions with it as `confirm: {{noise: {p['noise']:.4f}}}`."
+        if p["noise"] is not None
+        else "Noise: one repetition measures none; run --reps 2 or more."
+    )
+    return [*lines, "", noise, ""]
 
 
 def speedup_range(row: dict[str, Any]) -> str:

@@ -8,13 +8,18 @@ gives byte-identical files. best.yaml is a `{policy, params}` configuration that
 the importances come from sim/tuning/trials.py and the figures from
 sim/figures/study_figures.py, as `python -m sim.plot study` draws them; only the
 per-row bars are the report's own rows (baseline and best, replayed on the
-matrix here), with the min_row_speedup limit marked.
+matrix here), with the min_row_speedup limit marked. The report leads with what
+the recommendation is worth (the held-out and in-sample gains with their
+intervals, sim/tuning/assess.py, docs/tuning.md) and ends with the hardware
+confirmation plan; the per-row table shows the hindsight oracle's speedup and
+the best's share of its headroom (sim.engine.oracle) for prompt-lookup studies.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +28,19 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from sim.engine.loop import COUNTER_NAMES
-from sim.engine.replay import ReplayRow
+from sim.engine.oracle import headroom_share, trace_schedule
+from sim.engine.replay import ReplayRow, drafter_for
 from sim.figures import study_figures
 from sim.figures.style import save
 from sim.io import write_atomic
+from sim.tuning import assess
 from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
-from sim.tuning.spec import OBJECTIVES, StudySpec, default_out
+from sim.tuning.search import stored_rows
+from sim.tuning.spec import Fold, StudySpec, default_out
 from sim.tuning.storage import redacted, storage_kind
+from sim.tuning.validation import fold_name, training
 
-SCORES = tuple(OBJECTIVES)
 FIGURES = {
     "history": "optimization history",
     "importances": "parameter importances",
@@ -51,11 +59,26 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _scores(rows: Sequence[ReplayRow], spec: StudySpec) -> dict[str, float]:
+def _scores(rows: Sequence[ReplayRow], spec: StudySpec, matrix: MatrixEvaluator, config: Any) -> dict[str, float]:
     return {
-        **{name: score(rows, name) for name in SCORES},
+        **matrix.scores(config, rows, jitter=True),
         **dict(zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True)),
     }
+
+
+def oracle_speedups(rows: Sequence[ReplayRow]) -> list[float] | None:
+    """The hindsight-optimal speedup of every row (sim.engine.oracle, under each row's own loop settings, about 5 ms
+    a row), or None when the rows draft with another drafter than prompt lookup, for which no oracle is defined."""
+    if any(not r.config.drafter.is_default for r in rows):
+        return None
+    out = []
+    for r in rows:
+        loop = r.config.loop
+        oracle = trace_schedule(
+            r.trace, loop, r.profile, r.max_tokens, drafter_for(r.trace, loop.ngram_min, loop.ngram_max)
+        )
+        out.append(r.plain_time_ms / oracle.time_ms)
+    return out
 
 
 def _counts(trials: Sequence[FrozenTrial]) -> str:
@@ -71,15 +94,42 @@ def _counts(trials: Sequence[FrozenTrial]) -> str:
     )
 
 
-def _rows_table(base: Sequence[ReplayRow], best: Sequence[ReplayRow]) -> list[str]:
+def _rows_table(
+    base: Sequence[ReplayRow], best: Sequence[ReplayRow], groups: Sequence[str], oracle: Sequence[float] | None
+) -> list[str]:
+    """Every row with its group; with the oracle, its speedup and the best's share of the row's headroom
+    ((best - 1) / (oracle - 1): 1 = as fast as hindsight allows, 0 = plain decoding)."""
     names = COUNTER_NAMES[1:]  # generated is the tokens column
-    head = ["trace", "profile", "tokens", "baseline", "best", "change", *names]
+    extra = ["oracle", "share of headroom"] if oracle is not None else []
+    head = ["trace", "group", "profile", "tokens", "baseline", "best", "change", *extra, *names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for b, r in zip(base, best, strict=True):
+    for k, (b, r, group) in enumerate(zip(base, best, groups, strict=True)):
         counters = [f"{getattr(r.counters, name)} ({getattr(b.counters, name)})" for name in names]
+        cells = []
+        if oracle is not None:
+            share = (r.speedup - 1) / (oracle[k] - 1) if oracle[k] > 1 else float("nan")
+            cells = [f"{oracle[k]:.4f}x", f"{share:.2f}"]
         lines.append(
-            f"| {r.trace.name} | {r.profile.name} | {r.generated} | {b.speedup:.4f}x | {r.speedup:.4f}x | "
-            f"{100 * (r.speedup / b.speedup - 1):+.2f}% | " + " | ".join(counters) + " |"
+            f"| {r.trace.name} | {group} | {r.profile.name} | {r.generated} | {b.speedup:.4f}x | {r.speedup:.4f}x | "
+            f"{100 * (r.speedup / b.speedup - 1):+.2f}% | " + " | ".join(cells + counters) + " |"
+        )
+    return lines
+
+
+def _groups_table(matrix: MatrixEvaluator, rows: assess.Paired) -> list[str]:
+    """Per group: its weight in the objective and the geomean gain of the best on its rows."""
+    lines = [
+        "| group | weight | traces | rows | baseline geomean | best geomean | change |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for group in sorted(set(rows.groups)):
+        idx = [i for i, g in enumerate(rows.groups) if g == group]
+        base = score([rows.base[i] for i in idx], "geomean_speedup")
+        best = score([rows.best[i] for i in idx], "geomean_speedup")
+        traces = len({rows.base[i].trace.path for i in idx})
+        lines.append(
+            f"| {group} | {_fmt(matrix.weights[group])} | {traces} | {len(idx)} | {base:.4f}x | {best:.4f}x "
+            f"| {100 * (best / base - 1):+.2f}% |"
         )
     return lines
 
@@ -101,6 +151,44 @@ def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n
     return lines
 
 
+@dataclass(frozen=True)
+class Assessment:
+    """What the report says a recommendation is worth: the in-sample gain (on the rows the study searched), the
+    held-out one (pooled over the folds, or on a holdout) and each fold's."""
+
+    in_sample: assess.Gain | None
+    held: assess.Gain | None
+    folds: list[assess.FoldResult]
+
+
+def _lead(spec: StudySpec, found: Assessment) -> list[str]:
+    """The report's first lines: the gain to expect on new prompts beside the in-sample one."""
+    v = spec.validation
+    lines = []
+    if found.held is not None and v is not None:
+        how = f"{v.method.replace('_', '-')} by {v.by}" + (f", k={v.k}" if v.k else "")
+        lines.append(
+            f"**Held out ({how}; what to expect on new prompts): gain {found.held.text()}** over "
+            f"{found.held.rows} rows, each scored by a best that never saw it."
+        )
+    elif v is None:
+        lines.append(
+            "**No held-out estimate** (the spec has no `validation:`): the gain below was found and measured on the "
+            "same rows, an optimistic estimate of what carries over to new prompts."
+        )
+    if found.in_sample is not None:
+        lines.append(f"In-sample (the rows the study searched): gain {found.in_sample.text()}.")
+    why = assess.not_worth(found.held, found.in_sample)
+    if why is not None:
+        lines.append(f"**Not worth confirming: {why}.**")
+    if lines:
+        lines.append(
+            f"Intervals: seeded bootstrap ({spec.bootstrap.resamples} resamples, seed {spec.bootstrap.seed}) of the "
+            "group-weighted geomean ratio best/baseline, resampling traces within their groups."
+        )
+    return [" ".join(lines), ""] if lines else []
+
+
 def render(
     spec: StudySpec,
     matrix: MatrixEvaluator,
@@ -112,22 +200,30 @@ def render(
     importances: dict[str, float],
     figures: tuple[list[str], list[str]] | None,
     removed_best: bool = False,
+    found: Assessment | None = None,
+    oracle: Sequence[float] | None = None,
 ) -> tuple[str, dict[str, Any] | None, str]:
     """(report.md text, best.yaml mapping or None, one-paragraph summary).
 
-    best: stored.best_trial(study); rows: the baseline's and the best trial's rows on the matrix; figures: PNG names
-    and a note per figure skipped; removed_best: whether an earlier best.yaml was removed from `out` (no best now)."""
+    matrix: every row of the spec; best: stored.best_trial(study); rows: the baseline's and the best trial's rows
+    on the matrix; figures: PNG names and a note per figure skipped; removed_best: whether an earlier best.yaml was
+    removed from `out` (no best now); found: the gains; oracle: every row's hindsight-optimal speedup, if known."""
     trials = study.get_trials(deepcopy=False)
+    found = found or Assessment(None, None, [])
     base_rows, best_rows = rows
+    searched = training(spec, matrix, None)
     front = sorted(study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
-    base_scores = _scores(base_rows, spec)
+    base_scores = _scores(_on(searched, base_rows), spec, searched, spec.baseline)
     lim = spec.constraints.get("min_row_speedup")
     lines = [
         f"# Study `{spec.name}`: {spec.policy} over {len(matrix.traces)} traces x {len(matrix.profiles)} profiles",
         "",
+        *_lead(spec, found),
     ]
     lines += [
-        f"Objective(s): {', '.join(spec.objectives)} (maximised). Constraints: "
+        f"Objective(s): {', '.join(spec.objectives)} (maximised"
+        + (", groups weighted equally unless the spec weighs them" if len(matrix.weights) > 1 else "")
+        + "). Constraints: "
         + (", ".join(f"{k} >= {v}" for k, v in spec.constraints.items()) or "none")
         + ".",
         "",
@@ -144,11 +240,12 @@ def render(
         if best_rows is None:
             raise ValueError(f"render: trial #{best.number} is the best trial but rows carries no rows for it")
         config = spec.config(best.params)
-        best_scores = _scores(best_rows, spec)
+        best_scores = _scores(_on(searched, best_rows), spec, searched, config)
         gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
+        held = f"; held out {found.held.text()}" if found.held is not None else ""
         summary = (
             f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
-            f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}%), worst row "
+            f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}% in-sample{held}), worst row "
             f"{best_scores['worst_row']:.4f}x (baseline {base_scores['worst_row']:.4f}x)"
         )
         lines += [f"**{summary}.**", ""]
@@ -156,28 +253,63 @@ def render(
             "policy": config.policy,
             "params": config.settings(),
             "notes": f"study {spec.name}, trial {best.number}: geomean {best_scores['geomean_speedup']:.4f}x "
-            f"over {len(best_rows)} rows (spec sha256 {spec.sha256[:12]})",
+            f"over {len(_on(searched, best_rows))} rows (spec sha256 {spec.sha256[:12]})",
         }
         base_settings = spec.baseline.settings()
         lines += ["## Best parameters", "", "| parameter | best | baseline | searched |", "|---|---|---|---|"]
-        searched = {d.name: d.describe() for d in spec.search_space}
+        space = {d.name: d.describe() for d in spec.search_space}
         for key, value in config.settings().items():
-            lines.append(
-                f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {searched.get(key, 'fixed')} |"
-            )
-        lines += ["", "## Objective and constraint values", "", "| value | baseline | best |", "|---|---|---|"]
+            lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {space.get(key, 'fixed')} |")
+        lines += [
+            "",
+            "## Objective and constraint values (on the rows the study searched)",
+            "",
+            f"quantile_speedup and cvar_speedup at q = {spec.robust.quantile:g}; jitter_geomean with lognormal "
+            f"sigma {spec.robust.jitter:g} on every time, averaged over {spec.robust.seeds} seeds.",
+            "",
+            "| value | baseline | best |",
+            "|---|---|---|",
+        ]
         for key in base_scores:
             lines.append(f"| {key} | {base_scores[key]:.4f} | {best_scores[key]:.4f} |")
         if lim is not None:
             below = [r for r in best_rows if r.speedup < lim]
             lines += ["", f"Rows below {lim}x: best {len(below)}, baseline {sum(r.speedup < lim for r in base_rows)}."]
         lines += [""]
+    if found.folds:
+        lines += [
+            "## Held-out validation, per fold",
+            "",
+            "Each fold's study searched only the rows outside the fold; its best is scored here against the "
+            "baseline on the fold's rows.",
+            "",
+            *assess.fold_table(spec, found.folds),
+            "",
+        ]
+    both = assess.paired(matrix, base_rows, best_rows)
+    holdout = spec.validation is not None and not spec.validation.nested
+    inside = {id(r) for r in _on(searched, base_rows)}
+    groups = [
+        f"{g} (held out)" if holdout and id(r) not in inside else g for g, r in zip(both.groups, base_rows, strict=True)
+    ]
+    lines += ["## Per group", "", *_groups_table(matrix, both), ""]
+    oracle_note = (
+        "; oracle: the hindsight-optimal speedup under the best's loop settings (sim.engine.oracle, not causal), "
+        "share of headroom = (best - 1) / (oracle - 1)"
+        if oracle is not None
+        else ""
+    )
     lines += [
-        "## Every row (speedup over plain decoding; counters: best (baseline))",
+        f"## Every row (speedup over plain decoding; counters: best (baseline){oracle_note})",
         "",
-        *_rows_table(base_rows, best_rows),
+        *_rows_table(base_rows, best_rows, groups, oracle),
         "",
     ]
+    if oracle is None:
+        lines += ["No oracle column: the hindsight oracle is defined for the prompt-lookup drafter only.", ""]
+    else:
+        share = headroom_share([r.speedup for r in best_rows], oracle)
+        lines += [f"The best captures {share:.2f} of the oracle's geomean headroom over plain decoding.", ""]
     if front:
         lines += [
             "## Pareto front (feasible)",
@@ -200,7 +332,27 @@ def render(
         lines += ["## Plots", ""] + [f"![{FIGURES[Path(name).stem]}]({name})\n" for name in names]
         lines += [f"- {note}" for note in notes] + ([""] if notes else [])
     lines += _provenance(spec, matrix, study, storage, out, best is not None)
+    if best is not None:
+        lines += assess.plan(
+            spec,
+            matrix,
+            both,
+            f"trial #{best.number} of {spec.name}",
+            found.held,
+            str(out / "best.yaml"),
+            found.in_sample,
+        )
     return "\n".join(lines), best_yaml, summary
+
+
+def _paths(matrix: MatrixEvaluator) -> set[str]:
+    return {t.path for t in matrix.traces}
+
+
+def _on(matrix: MatrixEvaluator, rows: Sequence[ReplayRow]) -> list[ReplayRow]:
+    """The rows of `rows` (a whole-matrix list) that lie in `matrix`'s traces and profiles."""
+    paths, profiles = _paths(matrix), {id(p) for p in matrix.profiles}
+    return [r for r in rows if r.trace.path in paths and id(r.profile) in profiles]
 
 
 def _rebuild(spec: StudySpec, invocations: list[dict[str, Any]], where: str) -> list[str]:
@@ -213,6 +365,13 @@ def _rebuild(spec: StudySpec, invocations: list[dict[str, Any]], where: str) -> 
         flags += f" --workers {run['workers']}" if run.get("workers", 1) > 1 else ""
         lines.append(f"    python -m sim.tune {spec.path}{flags}{where}")
     return lines
+
+
+def _folds_note(spec: StudySpec) -> list[str]:
+    if spec.validation is None or not spec.validation.nested:
+        return []
+    names = ", ".join(fold_name(spec, f) for f in spec.validation.folds)
+    return [f"Each command runs its trials in the study {spec.name}, then in each fold's study in turn: {names}.", ""]
 
 
 def _provenance(
@@ -238,6 +397,7 @@ def _provenance(
         "",
         *rebuild,
         "",
+        *_folds_note(spec),
         "Then:",
         "",
         f"    python -m sim.tune {spec.path}{workers}{where}     # continues the study in {storage}",
@@ -260,12 +420,9 @@ def _provenance(
     return lines
 
 
-def _plot_rows(rows: Sequence[ReplayRow]) -> list[dict[str, Any]]:
-    return [{"trace": r.trace.name, "profile": r.profile.name, "speedup": r.speedup} for r in rows]
-
-
 def write_figures(
     spec: StudySpec,
+    matrix: MatrixEvaluator,
     study: optuna.Study,
     found: tuple[list[dict[str, float]], str],
     best: FrozenTrial | None,
@@ -273,35 +430,76 @@ def write_figures(
     out: Path,
 ) -> tuple[list[str], list[str]]:
     """OUT/{history,importances,pareto,rows}.png as sim.plot draws them, the rows figure from the baseline's and the
-    best trial's rows on the matrix; (file names written, a note per figure skipped)."""
+    best trial's rows on the matrix (one bar per group and profile for a corpus-sized matrix); (file names
+    written, a note per figure skipped)."""
     if not stored.complete_trials(study):
         return [], ["plots: no complete trial yet"]
     base_rows, best_rows = rows
-    series = [(f"baseline ({spec.baseline.policy} as the spec sets it)", _plot_rows(base_rows))]
+    series = [(f"baseline ({spec.baseline.policy} as the spec sets it)", stored_rows(matrix, base_rows))]
     if best is not None:
         if best_rows is None:
             raise ValueError(f"write_figures: trial #{best.number} is the best trial but rows carries no rows for it")
-        series.append((f"best feasible: trial #{best.number}", _plot_rows(best_rows)))
+        series.append((f"best feasible: trial #{best.number}", stored_rows(matrix, best_rows)))
     figures, notes = study_figures.study_figures(
         study, series=series, limit=spec.constraints.get("min_row_speedup"), found=found
     )
     return [save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes
 
 
+def assessment(
+    spec: StudySpec,
+    matrix: MatrixEvaluator,
+    rows: tuple[list[ReplayRow], list[ReplayRow] | None],
+    folds: Sequence[tuple[Fold, optuna.Study]],
+) -> Assessment:
+    """The in-sample gain of the best on the rows its study searched, and the held-out gain: pooled over the
+    folds' studies, or the best's own on a holdout."""
+    base_rows, best_rows = rows
+    if best_rows is None:
+        return Assessment(None, None, [])
+    searched = training(spec, matrix, None)
+    both = assess.paired(matrix, base_rows, best_rows)
+    inside = {id(r) for r in _on(searched, base_rows)}
+    keep = [i for i, r in enumerate(base_rows) if id(r) in inside]
+    pick = assess.Paired([base_rows[i] for i in keep], [best_rows[i] for i in keep], [both.groups[i] for i in keep])
+    in_sample = assess.gain(spec, matrix.weights, pick)
+    if spec.validation is None:
+        return Assessment(in_sample, None, [])
+    if not spec.validation.nested:
+        kept = set(keep)
+        out = [i for i in range(len(base_rows)) if i not in kept]
+        held = assess.Paired([base_rows[i] for i in out], [best_rows[i] for i in out], [both.groups[i] for i in out])
+        return Assessment(in_sample, assess.gain(spec, matrix.weights, held), [])
+    results = [assess.assess_fold(spec, matrix, fold, study) for fold, study in folds]
+    pooled = assess.held_summary(results)
+    return Assessment(in_sample, assess.gain(spec, matrix.weights, pooled) if pooled else None, results)
+
+
 def write_report(
-    spec: StudySpec, matrix: MatrixEvaluator, study: optuna.Study, storage: str, out: Path, plots: bool = True
+    spec: StudySpec,
+    matrix: MatrixEvaluator,
+    study: optuna.Study,
+    storage: str,
+    out: Path,
+    plots: bool = True,
+    folds: Sequence[tuple[Fold, optuna.Study]] = (),
 ) -> str:
+    """matrix: the spec's every row (MatrixEvaluator.for_spec); folds: each fold's study when validation nests."""
     out.mkdir(parents=True, exist_ok=True)
     found = stored.importances(study)  # PED-ANOVA per objective; the table shows the first
     ranked = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
     best = stored.best_trial(study)  # feasible, best on the first objective, on the Pareto front
     rows = (matrix.evaluate(spec.baseline), matrix.evaluate(spec.config(best.params)) if best else None)
-    figures = write_figures(spec, study, found, best, rows, out) if plots else None
+    figures = write_figures(spec, matrix, study, found, best, rows, out) if plots else None
     stale = out / "best.yaml"
     removed_best = best is None and (stale.exists() or stale.is_symlink())
     if removed_best:  # no configuration of this study may be mistaken for its best: one unlink, atomic
         stale.unlink()
-    text, best_yaml, summary = render(spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best)
+    gains = assessment(spec, matrix, rows, folds)
+    oracle = oracle_speedups(rows[1]) if rows[1] is not None else None
+    text, best_yaml, summary = render(
+        spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best, gains, oracle
+    )
     write_atomic(out / "report.md", text)
     if best_yaml is not None:  # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
         write_atomic(out / "best.yaml", yaml.safe_dump(best_yaml, sort_keys=True))

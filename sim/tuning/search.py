@@ -20,15 +20,18 @@ import optuna
 from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
+from sim.engine.replay import ReplayRow
 from sim.errors import ConfigError, ProfileError, UserError
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
-from sim.tuning.spec import OBJECTIVES, StudySpec, baseline_params, load_spec
+from sim.tuning.spec import StudySpec, baseline_params, load_spec
 from sim.tuning.storage import TrialGate, heartbeat, open_storage, reading
+from sim.tuning.validation import studies, training
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GATE_MARGIN = 64  # the last trials before a cap are created one worker at a time; see ask_below
 STOP_GRACE_S = 10.0  # a stopped worker has this long to mark its trial failed before it is killed
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STORED_ROWS_MAX = 120  # a trial stores its rows up to this many; beyond, one geomean per group and profile
 
 
 def sampler_seed(seed: int, invocation: int, worker: int) -> int:
@@ -114,7 +117,8 @@ def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: f
     if sleep_s:
         time.sleep(sleep_s)
     try:
-        rows = matrix.evaluate(spec.config(params))
+        config = spec.config(params)
+        rows = matrix.evaluate(config)
     except (ConfigError, ProfileError) as err:
         # A point no engine could run (ngram_min > ngram_max, a width the profile lacks): pruned, reason
         # kept, and marked worse than any real row under every constraint. Optuna's TPE ranks a pruned trial
@@ -123,26 +127,39 @@ def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: f
         for name, limit in spec.constraints.items():
             trial.set_constraint(name, limit + 1.0)  # as if the worst row ran at -1x
         raise optuna.TrialPruned(str(err)) from None
-    scores = {name: score(rows, name) for name in OBJECTIVES}  # every objective, whichever the study maximises
+    # Every objective, whichever the study maximises (jitter_geomean only when it does: it replays the matrix again).
+    scores = matrix.scores(config, rows, jitter="jitter_geomean" in spec.objectives)
     trial.set_user_attr("scores", scores)
     # Per-row results, as `python -m sim.plot study` and notebooks/study_results.ipynb read them.
-    trial.set_user_attr(
-        "rows",
-        [
+    trial.set_user_attr("rows", stored_rows(matrix, rows))
+    for name, value in zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True):
+        trial.set_constraint(name, value)  # kept and marked infeasible when > 0, never dropped
+    return [scores[name] for name in spec.objectives]
+
+
+def stored_rows(matrix: MatrixEvaluator, rows: list[ReplayRow]) -> list[dict[str, Any]]:
+    """Every row with its group; a corpus-sized matrix stores one geomean row per group and profile instead, so a
+    study of 1000-row trials stays a few megabytes."""
+    if len(rows) <= STORED_ROWS_MAX:
+        return [
             {
                 "trace": r.trace.name,
                 "trace_path": r.trace.path,
+                "group": matrix.group(r),
                 "profile": r.profile.name,
                 "speedup": r.speedup,
                 "time_ms": r.time_ms,
                 "plain_time_ms": r.plain_time_ms,
             }
             for r in rows
-        ],
-    )
-    for name, value in zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True):
-        trial.set_constraint(name, value)  # kept and marked infeasible when > 0, never dropped
-    return [scores[name] for name in spec.objectives]
+        ]
+    cells: dict[tuple[str, str], list[ReplayRow]] = {}
+    for r in rows:
+        cells.setdefault((matrix.group(r), r.profile.name), []).append(r)
+    return [
+        {"trace": f"group {g} ({len(c)} traces)", "group": g, "profile": p, "speedup": score(c, "geomean_speedup")}
+        for (g, p), c in sorted(cells.items())
+    ]
 
 
 def ask_below(study: optuna.Study, gate: TrialGate, cap: int | None) -> Trial | None:
@@ -263,8 +280,15 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def study_for(spec: StudySpec, fold: int | None) -> tuple[StudySpec, MatrixEvaluator]:
+    """The study a worker runs (the spec's own, or fold number `fold`'s) and the rows that drive it."""
+    study_spec, found = next((s, f) for s, f in studies(spec) if (f.number if f else None) == fold)
+    return study_spec, training(spec, MatrixEvaluator.for_spec(spec), found)
+
+
 def _worker_process(
     spec_path: str,
+    fold: int | None,
     storage_url: str,
     limits: Limits,
     seed: int,
@@ -278,8 +302,7 @@ def _worker_process(
     _die_with_parent(parent)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        spec = load_spec(spec_path)
-        matrix = MatrixEvaluator.load(spec.traces, spec.profiles)
+        spec, matrix = study_for(load_spec(spec_path), fold)
         work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, WorkerTally(conn))
     except KeyboardInterrupt:  # SIGTERM: end as killed by it, so the parent reports what stopped this worker
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -340,6 +363,7 @@ def run_workers(
     sleep_s: float,
     study: optuna.Study,
     matrix: MatrixEvaluator,
+    fold: int | None = None,
 ) -> list[str]:
     """Run trials in this process (one worker) or in `workers` processes, with one progress bar.
 
@@ -355,7 +379,7 @@ def run_workers(
             seed = sampler_seed(spec.seed, invocation, 0)
             work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, Tally(on_finish=bar.update))
             return []
-        return _supervise(spec, storage_url, limits, invocation, workers, heartbeat_s, sleep_s, bar)
+        return _supervise(spec, storage_url, limits, invocation, workers, heartbeat_s, sleep_s, bar, fold)
     finally:
         bar.close()
 
@@ -369,6 +393,7 @@ def _supervise(
     heartbeat_s: int,
     sleep_s: float,
     bar: tqdm,
+    fold: int | None,
 ) -> list[str]:
     """Start the workers, grant their trials (the invocation's own count lives here), move the bar, collect what
     stopped each one. Pipes only: no semaphore or helper process that could outlive the workers."""
@@ -379,6 +404,7 @@ def _supervise(
             target=_worker_process,
             args=(
                 spec.path,
+                fold,
                 storage_url,
                 limits,
                 sampler_seed(spec.seed, invocation, i),

@@ -4,8 +4,11 @@ A spec names a policy family, the parameters to search (any field of the
 policy's or the loop's parameters, in the flat namespace of sim.config), the
 settings held fixed, the trace x profile matrix, the objective(s), the
 constraints, the baseline the report compares against, the sampler and the
-storage. Relative paths in a spec (trace globs, profile files, a storage file)
-are taken from the directory the study is run in, the repository root.
+storage; and what the report says a recommendation is worth: trace groups and
+their weights, held-out validation, robust objectives, bootstrap intervals and
+the confirmation plan's noise (docs/tuning.md). Relative paths in a spec (trace
+globs, profile files, a storage file) are taken from the directory the study is
+run in, the repository root.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import fnmatch
 import glob
 import hashlib
 import math
+import random
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +25,10 @@ from typing import Any
 
 import yaml
 
-from policies import policy_class
+from policies import Governor, policy_class
+from sim.drafters.registry import KEY as DRAFTER_KEY
+from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
+from sim.drafters.registry import DrafterFamily, drafter_class
 from sim.engine.config import PolicyConfig, make_config
 from sim.engine.costs import bundled_profiles
 from sim.engine.loop import LoopParams
@@ -30,10 +37,16 @@ from sim.errors import ConfigError, StudyError
 from sim.io import decode_text, parse_yaml, read_bytes
 
 OBJECTIVES = {
-    "geomean_speedup": "geometric mean of the speedup over every trace x profile row",
-    "mean_speedup": "arithmetic mean of the row speedups",
+    "geomean_speedup": "geometric mean of the speedup over every trace x profile row (groups weighted)",
+    "mean_speedup": "arithmetic mean of the row speedups (groups weighted)",
     "worst_row": "the lowest row speedup",
+    "quantile_speedup": "the robust.quantile lower quantile of the row speedups (groups weighted)",
+    "cvar_speedup": "the mean of the lowest robust.quantile share of the row speedups (CVaR; groups weighted)",
+    "jitter_geomean": "the geomean under robust.jitter lognormal noise on every time, averaged over robust.seeds",
 }
+VALIDATION_BY = ("trace", "group", "profile")
+VALIDATION_METHODS = ("leave_one_out", "kfold")
+DEFAULT_GROUP = "all"  # the one group of a spec whose traces: is a plain list of globs
 CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
 SAMPLERS = ("tpe", "nsga2", "random")
 KEYS = {
@@ -41,7 +54,7 @@ KEYS = {
     "policy": "registered policy family to tune",
     "search_space": "parameter -> {low, high[, log, step]} or {choices: [...]}",
     "fixed": "parameter -> value held fixed in every trial",
-    "traces": "list of trace globs",
+    "traces": "list of trace globs (one group), or groups: name -> [globs] or {files: [globs], weight: w}",
     "profiles": "list of cost profiles: bundled names, name patterns (gb10-*) or YAML paths",
     "objective": f"one of {', '.join(OBJECTIVES)} (default geomean_speedup)",
     "objectives": "list of objectives for a multi-objective study, e.g. [geomean_speedup, worst_row]",
@@ -52,7 +65,12 @@ KEYS = {
     "timeout": "seconds one invocation may run, a positive number (default: no limit)",
     "storage": "optuna storage: a SQLite/PostgreSQL URL or a journal file *.journal.log "
     "(default sqlite:///runs/<name>.db, relative to the folder the study is run in)",
+    "validation": "{by: trace|group|profile, method: leave_one_out|kfold, k, seed} or {by, holdout: [globs]}",
+    "robust": "{quantile: 0..0.5 (default 0.1), jitter: lognormal sigma (default 0.05), seeds: 1..64 (default 4)}",
+    "bootstrap": "{resamples: 100..100000 (default 2000), seed: int (default 0)}: the report's 95% intervals",
+    "confirm": "{noise: per-run sd of a paired log ratio (default 0.02), power: 0.5..0.99 (default 0.8)}",
     "notes": "free text",
+    "drafter": "drafter of every trial: lookup (default) or suffix; search or fix its parameters as drafter.KEY",
 }
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
 RUNS = "runs"  # a user's studies: storage runs/<name>.db and report runs/<name>/, relative to where they run
@@ -105,6 +123,60 @@ class Dimension:
 
 
 @dataclass(frozen=True)
+class TraceGroup:
+    """Traces the objective weighs together: each group counts `weight` in total, whatever its size."""
+
+    name: str
+    traces: tuple[str, ...]
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One held-out split: `held` names the traces (paths), groups or profiles the fold's search never sees."""
+
+    number: int
+    by: str  # trace, group or profile
+    held: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How the study estimates what carries over to unseen rows (docs/tuning.md)."""
+
+    by: str
+    method: str  # leave_one_out, kfold or holdout
+    folds: tuple[Fold, ...]
+    k: int | None = None
+    seed: int = 0
+    holdout: tuple[str, ...] = ()
+
+    @property
+    def nested(self) -> bool:
+        """leave_one_out and kfold search once per fold; a holdout trains the study itself on the rest."""
+        return self.method != "holdout"
+
+
+@dataclass(frozen=True)
+class Robust:
+    quantile: float = 0.1
+    jitter: float = 0.05
+    seeds: int = 4
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    resamples: int = 2000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ConfirmPlan:
+    noise: float = 0.02  # sd of log(candidate/control) between repetitions of one row; sim.confirm measures it
+    power: float = 0.8
+
+
+@dataclass(frozen=True)
 class StudySpec:
     name: str
     policy: str
@@ -123,6 +195,11 @@ class StudySpec:
     path: str
     text: str  # the spec file exactly as read, for the report
     sha256: str
+    groups: tuple[TraceGroup, ...] = ()  # every trace in exactly one group; () = one group of every trace
+    validation: Validation | None = None
+    robust: Robust = Robust()
+    bootstrap: Bootstrap = Bootstrap()
+    confirm: ConfirmPlan = ConfirmPlan()
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """Every searched parameter for one trial, from fixed ranges (multivariate TPE needs a static space).
@@ -138,6 +215,15 @@ class StudySpec:
     @property
     def multi_objective(self) -> bool:
         return len(self.objectives) > 1
+
+    def group_of(self) -> dict[str, str]:
+        """Trace path -> its group's name."""
+        if not self.groups:
+            return {path: DEFAULT_GROUP for path in self.traces}
+        return {path: g.name for g in self.groups for path in g.traces}
+
+    def group_weights(self) -> dict[str, float]:
+        return {g.name: g.weight for g in self.groups} if self.groups else {DEFAULT_GROUP: 1.0}
 
 
 def _key_lines(text: str) -> dict[tuple[str, ...], int]:
@@ -188,12 +274,13 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
     where = ("search_space", name)
     r.check_keys(raw, DIMENSION_KEYS, *where)
     cls = owners[name]
-    kind = value_type(cls, name)
+    field = name.removeprefix(DRAFTER_PREFIX)  # a drafter parameter, `drafter.KEY`, is field KEY of its Params
+    kind = value_type(cls, field)
     try:
         if "choices" in raw:
             if set(raw) != {"choices"} or not isinstance(raw["choices"], list) or not raw["choices"]:
                 raise r.fail(f"search_space/{name}: choices must be a non-empty list and stand alone", *where)
-            return Dimension(name, "categorical", choices=tuple(coerce(cls, name, v) for v in raw["choices"]))
+            return Dimension(name, "categorical", choices=tuple(coerce(cls, field, v) for v in raw["choices"]))
         if kind not in (int, float):
             raise r.fail(f"search_space/{name}: a {kind.__name__} parameter needs choices: [...]", *where)
         for bound in ("low", "high"):
@@ -201,8 +288,8 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
                 raise r.fail(
                     f"search_space/{name}: missing {bound!r} (a {kind.__name__} range needs low and high)", *where
                 )
-        low, high = coerce(cls, name, raw["low"]), coerce(cls, name, raw["high"])
-        step = coerce(cls, name, raw["step"]) if raw.get("step") is not None else None
+        low, high = coerce(cls, field, raw["low"]), coerce(cls, field, raw["high"])
+        step = coerce(cls, field, raw["step"]) if raw.get("step") is not None else None
     except ConfigError as err:
         raise r.fail(f"search_space/{name}: {err}", *where) from None
     log = raw.get("log", False)
@@ -217,6 +304,18 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
             f"search_space/{name}: step must be > 0 and at most high - low = {high - low:g}, got {step}", *where, "step"
         )
     return Dimension(name, kind.__name__, low, high, log, step)
+
+
+def _policy(r: _Reader, raw: Any) -> type[Governor]:
+    try:
+        cls = policy_class(str(raw))
+    except ConfigError as err:
+        raise r.fail(str(err), "policy") from None
+    if not cls.causal:  # the hindsight oracle has nothing to tune and is no governor to ship
+        raise r.fail(
+            f"policy {cls.name} is not causal (it knows the whole trace, docs/oracle.md); tune a causal one", "policy"
+        )
+    return cls
 
 
 def _profiles(r: _Reader, raw: Any) -> tuple[str, ...]:
@@ -237,18 +336,139 @@ def _profiles(r: _Reader, raw: Any) -> tuple[str, ...]:
     return tuple(sorted(set(found)))
 
 
-def _traces(r: _Reader, raw: Any) -> tuple[str, ...]:
+def _globs(r: _Reader, raw: Any, *key: str) -> tuple[str, ...]:
+    what = "/".join(key)
     if not isinstance(raw, list) or not raw or not all(isinstance(p, str) for p in raw):
-        raise r.fail("traces must be a non-empty list of file globs, e.g. [traces/*.jsonl]", "traces")
+        raise r.fail(f"{what} must be a non-empty list of file globs, e.g. [traces/*.jsonl]", *key)
     found: list[str] = []
     for pattern in raw:
         matches = sorted(glob.glob(pattern))
         if not matches:
-            raise r.fail(
-                f"traces: {pattern!r} matches no file (globs are relative to the directory you run in)", "traces"
-            )
+            raise r.fail(f"{what}: {pattern!r} matches no file (globs are relative to the directory you run in)", *key)
         found += matches
     return tuple(sorted(set(found)))
+
+
+def _traces(r: _Reader, raw: Any) -> tuple[tuple[str, ...], tuple[TraceGroup, ...]]:
+    """(every trace, sorted; the groups, sorted by name, or () for a plain list of globs)."""
+    if not isinstance(raw, dict):
+        return _globs(r, raw, "traces"), ()
+    if not raw:
+        raise r.fail("traces must be a non-empty list of globs or a mapping of groups", "traces")
+    groups = []
+    owner: dict[str, str] = {}
+    for name, entry in sorted(raw.items(), key=lambda kv: str(kv[0])):
+        if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
+            raise r.fail(f"traces: a group name must be a word of letters, digits, _ and -, got {name!r}", "traces")
+        weight: float = 1.0
+        if isinstance(entry, dict):
+            r.check_keys(entry, ("files", "weight"), "traces", name)
+            if "files" not in entry:
+                raise r.fail(f"traces/{name}: missing 'files' (a list of globs)", "traces", name)
+            if "weight" in entry:
+                weight = float(
+                    _number(
+                        r,
+                        entry["weight"],
+                        f"traces/{name}/weight",
+                        "traces",
+                        name,
+                        "weight",
+                        low=0.0,
+                        high=MAX_CONSTRAINT,
+                    )
+                )
+                if weight == 0:
+                    raise r.fail(
+                        f"traces/{name}/weight must be positive (leave the group out instead)", "traces", name, "weight"
+                    )
+            entry = entry["files"]
+        files = _globs(r, entry, "traces", name)
+        for path in files:
+            if path in owner:
+                raise r.fail(f"traces: {path} is in both groups {owner[path]!r} and {name!r}", "traces", name)
+            owner[path] = name
+        groups.append(TraceGroup(name, files, weight))
+    return tuple(sorted(owner)), tuple(groups)
+
+
+def _units(by: str, traces: tuple[str, ...], groups: tuple[TraceGroup, ...], profiles: tuple[str, ...]) -> list[str]:
+    if by == "trace":
+        return list(traces)
+    if by == "group":
+        return [g.name for g in groups] or [DEFAULT_GROUP]
+    return list(profiles)
+
+
+def _validation(
+    r: _Reader, raw: Any, traces: tuple[str, ...], groups: tuple[TraceGroup, ...], profiles: tuple[str, ...]
+) -> Validation | None:
+    if raw is None:
+        return None
+    r.check_keys(raw, ("by", "method", "k", "seed", "holdout"), "validation")
+    by = raw.get("by")
+    if by not in VALIDATION_BY:
+        raise r.fail(f"validation/by must be one of {', '.join(VALIDATION_BY)}, got {by!r}", "validation", "by")
+    units = _units(by, traces, groups, profiles)
+    seed = _number(r, raw.get("seed", 0), "validation/seed", "validation", "seed", integer=True, low=0, high=MAX_SEED)
+    if ("method" in raw) == ("holdout" in raw):
+        raise r.fail("validation needs exactly one of method (leave_one_out|kfold) or holdout: [globs]", "validation")
+    if len(units) < 2:
+        raise r.fail(
+            f"validation by {by} needs at least 2 {by}s to hold one out; the study has {len(units)}", "validation", "by"
+        )
+    if "holdout" in raw:
+        patterns = raw["holdout"]
+        if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) for p in patterns):
+            raise r.fail(f"validation/holdout must be a non-empty list of {by} globs", "validation", "holdout")
+        held: set[str] = set()
+        for pattern in patterns:
+            matched = fnmatch.filter(units, pattern)
+            if not matched:
+                raise r.fail(
+                    f"validation/holdout: {pattern!r} matches no {by}; the study's: {', '.join(units)}",
+                    "validation",
+                    "holdout",
+                )
+            held |= set(matched)
+        if len(held) == len(units):
+            raise r.fail(
+                f"validation/holdout holds out every {by}: nothing is left to train on", "validation", "holdout"
+            )
+        fold = Fold(0, by, tuple(sorted(held)))
+        return Validation(by, "holdout", (fold,), seed=seed, holdout=tuple(patterns))
+    method = raw["method"]
+    if method not in VALIDATION_METHODS:
+        raise r.fail(
+            f"validation/method must be one of {', '.join(VALIDATION_METHODS)}, got {method!r}", "validation", "method"
+        )
+    if method == "leave_one_out":
+        if "k" in raw:
+            raise r.fail(
+                "validation/k belongs to method kfold (leave_one_out makes one fold per unit)", "validation", "k"
+            )
+        folds = tuple(Fold(i, by, (unit,)) for i, unit in enumerate(units))
+        return Validation(by, method, folds, seed=seed)
+    if "k" not in raw:
+        raise r.fail("validation/method kfold needs k (the number of folds)", "validation")
+    k = _number(r, raw["k"], "validation/k", "validation", "k", integer=True, low=2, high=len(units))
+    shuffled = sorted(units)
+    random.Random(seed).shuffle(shuffled)  # seeded: the same spec always makes the same folds
+    folds = tuple(Fold(i, by, tuple(sorted(shuffled[i::k]))) for i in range(k))
+    return Validation(by, method, folds, k=k, seed=seed)
+
+
+def _section(r: _Reader, raw: Any, key: str, cls: type, bounds: dict[str, tuple[float, float, bool]]) -> Any:
+    """A small section of numbers into its frozen dataclass: name -> (low, high, integer)."""
+    values = r.check_keys(raw or {}, bounds, key)
+    return cls(
+        **{
+            name: _number(
+                r, value, f"{key}/{name}", key, name, integer=bounds[name][2], low=bounds[name][0], high=bounds[name][1]
+            )
+            for name, value in sorted(values.items())
+        }
+    )
 
 
 def _objectives(r: _Reader, raw: dict) -> tuple[str, ...]:
@@ -304,11 +524,11 @@ def load_spec(path: str | Path) -> StudySpec:
     name = raw["name"]
     if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
         raise r.fail(f"name must be a word of letters, digits, _ and -, got {name!r}", "name")
-    try:
-        cls = policy_class(str(raw["policy"]))
-    except ConfigError as err:
-        raise r.fail(str(err), "policy") from None
+    cls = _policy(r, raw["policy"])
     owners = {**{k: cls.Params for k in fields_of(cls.Params)}, **{k: LoopParams for k in fields_of(LoopParams)}}
+    drafter = _drafter(r, raw.get("drafter"))
+    if drafter is not None:
+        owners.update({DRAFTER_PREFIX + k: drafter.Params for k in fields_of(drafter.Params)})
 
     space_raw = r.check_keys(raw.get("search_space") or {}, owners, "search_space")
     if not space_raw:
@@ -316,6 +536,8 @@ def load_spec(path: str | Path) -> StudySpec:
     space = tuple(_dimension(r, k, v, owners) for k, v in sorted(space_raw.items()))
 
     fixed = dict(sorted(r.check_keys(raw.get("fixed") or {}, owners, "fixed").items()))
+    if drafter is not None:
+        fixed[DRAFTER_KEY] = drafter.name  # every trial's configuration names its drafter
     both = sorted(set(fixed) & set(space_raw))
     if both:
         raise r.fail(f"fixed and search_space both set {', '.join(both)}", "fixed")
@@ -353,13 +575,15 @@ def load_spec(path: str | Path) -> StudySpec:
     if not isinstance(storage, str) or not storage.strip():
         raise r.fail(f"storage must be a URL or a journal file path, got {storage!r}", "storage")
 
+    traces, groups = _traces(r, raw["traces"])
+    profiles = _profiles(r, raw["profiles"])
     spec = StudySpec(
         name=name,
         policy=cls.name,
         search_space=space,
         fixed=fixed,
-        traces=_traces(r, raw["traces"]),
-        profiles=_profiles(r, raw["profiles"]),
+        traces=traces,
+        profiles=profiles,
         objectives=objectives,
         constraints=constraints,
         baseline=baseline,
@@ -371,9 +595,38 @@ def load_spec(path: str | Path) -> StudySpec:
         path=path,
         text=text,
         sha256=hashlib.sha256(data).hexdigest(),
+        groups=groups,
+        validation=_validation(r, raw.get("validation"), traces, groups, profiles),
+        robust=_section(
+            r,
+            raw.get("robust"),
+            "robust",
+            Robust,
+            {"quantile": (0.01, 0.5, False), "jitter": (0.0, 1.0, False), "seeds": (1, 64, True)},
+        ),
+        bootstrap=_section(
+            r,
+            raw.get("bootstrap"),
+            "bootstrap",
+            Bootstrap,
+            {"resamples": (100, 100_000, True), "seed": (0, MAX_SEED, True)},
+        ),
+        confirm=_section(
+            r, raw.get("confirm"), "confirm", ConfirmPlan, {"noise": (0.0001, 1.0, False), "power": (0.5, 0.99, False)}
+        ),
     )
     _check_baseline_in_space(r, spec)
     return spec
+
+
+def _drafter(r: _Reader, raw: Any) -> type[DrafterFamily] | None:
+    """The spec's `drafter:` (a registered drafter's name), None when it has none."""
+    if raw is None:
+        return None
+    try:
+        return drafter_class(str(raw))
+    except ConfigError as err:
+        raise r.fail(str(err), "drafter") from None
 
 
 def _check_baseline_in_space(r: _Reader, spec: StudySpec) -> None:
@@ -382,6 +635,8 @@ def _check_baseline_in_space(r: _Reader, spec: StudySpec) -> None:
         return
     settings = spec.baseline.settings()
     for dim in spec.search_space:
+        if dim.name not in settings:  # a drafter parameter of a baseline with another drafter: never enqueued
+            return
         if not dim.contains(settings[dim.name]):
             raise r.fail(
                 f"search_space/{dim.name}: the baseline's value {settings[dim.name]!r} lies outside "
@@ -412,4 +667,6 @@ def baseline_params(spec: StudySpec) -> dict[str, Any] | None:
     if spec.baseline.policy != spec.policy:
         return None
     settings = spec.baseline.settings()
+    if any(dim.name not in settings for dim in spec.search_space):
+        return None  # the baseline drafts with another drafter than the one searched
     return {dim.name: settings[dim.name] for dim in spec.search_space}

@@ -1,0 +1,178 @@
+"""How much of the hindsight oracle's headroom each governor takes: `python benchmarks/headroom.py`.
+
+Matrix: the bundled traces x the four GB10 profiles (as in studies/gated_gb10.yaml), every row replayed
+through the ordinary `sim.engine.replay.replay` (simpy timing). Configurations: every registered causal
+policy at its defaults, gated as tuned on exactly these rows (GATED_TUNED_ON_THESE_ROWS), the same policies
+tuned by their committed studies (studies/NAME_gb10/best.yaml, where one exists, whatever rows that study
+searched), and the oracle (`oracle`, not causal: the least time any governor could reach under the loop).
+
+Per configuration: geomean speedup over plain decoding, worst row, rows below 0.98x, and the share of the
+oracle's headroom, (geomean - 1) / (oracle geomean - 1), against the oracle at default loop settings and
+against the oracle at the configuration's own loop settings (a tuned max_draft or n-gram range changes what
+the best schedule can reach). Writes results/benchmarks/headroom.{json,md} (ignored by git); the committed
+benchmarks/results/headroom.{json,md} are this command's output with `--out-dir benchmarks/results`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from policies import REGISTRY
+from sim.engine.config import PolicyConfig, make_config, read_config_file
+from sim.engine.costs import Profile, load_profile
+from sim.engine.replay import ReplayRow, geomean, replay
+from sim.engine.trace import Trace, read_trace
+from sim.io import write_atomic
+
+ROOT = Path(__file__).resolve().parent.parent
+GB10 = ("gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit")
+OUT_DIR = "results/benchmarks"  # a user's run; the committed files came from --out-dir benchmarks/results
+FLOOR = 0.98  # the studies' min_row_speedup
+# Tuned gated on exactly these 20 rows: the gated_gb10 study over the five bundled traces x the GB10 profiles
+# (trial 858 of 1000, geomean 1.3746x), as committed before that study moved to the trace corpus. Kept here so
+# the bar every governor tuned on these rows is held to stays the same whatever studies/gated_gb10/ holds now.
+GATED_TUNED_ON_THESE_ROWS = {
+    "average_weight": 0.9727757878918594,
+    "full_at": 1.62974796653091,
+    "max_draft": 9,
+    "misses_before_pause": 2,
+    "narrow_width": 3,
+    "ngram_max": 6,
+    "ngram_min": 3,
+    "plain_rounds_before_pipelining": 1,
+    "probation": "whole_narrow",
+    "shadow_confirm_length": 2,
+    "start_average": 1.7438378206707563,
+}
+
+
+def loop_settings(config: PolicyConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config.loop)
+
+
+def summary(rows: list[ReplayRow], oracle: float, own_oracle: float) -> dict[str, Any]:
+    speedups = [row.speedup for row in rows]
+    g = geomean(speedups)
+    return {
+        "geomean_speedup": g,
+        "worst_row": min(speedups),
+        "rows_below_floor": sum(s < FLOOR for s in speedups),
+        "headroom_share": (g - 1.0) / (oracle - 1.0),
+        "headroom_share_same_loop": (g - 1.0) / (own_oracle - 1.0),
+        "rows": [
+            {"trace": row.trace.name, "profile": row.profile.name, "speedup": row.speedup, "generated": row.generated}
+            for row in rows
+        ],
+    }
+
+
+def configurations() -> list[tuple[str, PolicyConfig, dict[str, str]]]:
+    """(label, configuration, where it came from) for every causal policy's defaults and every committed best."""
+    out = []
+    for name in sorted(REGISTRY):
+        if not REGISTRY[name].causal:
+            continue
+        out.append((f"{name} (defaults)", make_config(name, {}), {"source": "defaults"}))
+    source = {"source": "gated_gb10 trial 858 on the 20 bundled rows (GATED_TUNED_ON_THESE_ROWS)"}
+    out.append(
+        ("gated (tuned: gated_gb10 trial 858, these rows)", make_config("gated", GATED_TUNED_ON_THESE_ROWS), source)
+    )
+    for name in sorted(REGISTRY):
+        best = ROOT / "studies" / f"{name}_gb10" / "best.yaml"
+        if REGISTRY[name].causal and best.exists():
+            relative = str(best.relative_to(ROOT))
+            sha = hashlib.sha256(best.read_bytes()).hexdigest()
+            config, label = read_config_file(best)  # label: "STUDY trial N", from the notes sim.tune writes
+            out.append((f"{name} (tuned: {label})", config, {"source": relative, "sha256": sha}))
+    return out
+
+
+def replay_all(config: PolicyConfig, traces: list[Trace], profiles: list[Profile]) -> list[ReplayRow]:
+    return [replay(trace, config, profile) for trace in traces for profile in profiles]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    oracle = report["oracle"]
+    lines = [
+        "# Headroom: each governor against the hindsight oracle",
+        "",
+        f"Command: `{report['command']}`. Matrix: {len(report['inputs']['traces'])} bundled traces x "
+        f"{len(report['inputs']['profiles'])} GB10 profiles, ordinary replay (simpy timing). Share = "
+        "(geomean - 1) / (oracle geomean - 1); *same loop* divides by the oracle at the configuration's own "
+        "loop settings (max_draft, n-gram range, pipelining).",
+        "",
+        f"Oracle (default loop settings): geomean {oracle['geomean_speedup']:.4f}x, worst row "
+        f"{oracle['worst_row']:.4f}x, rows below {FLOOR}x: {oracle['rows_below_floor']}.",
+        "",
+        "| configuration | geomean | worst row | rows < 0.98x | share of headroom | share, same loop |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in report["configurations"]:
+        lines.append(
+            f"| {entry['label']} | {entry['geomean_speedup']:.4f}x | {entry['worst_row']:.4f}x | "
+            f"{entry['rows_below_floor']} | {entry['headroom_share']:.1%} | {entry['headroom_share_same_loop']:.1%} |"
+        )
+    lines += ["", "## Inputs", "", "| trace | sha256 |", "|---|---|"]
+    lines += [f"| {path} | {sha} |" for path, sha in report["inputs"]["traces"].items()]
+    lines += ["", "| profile | sha256 |", "|---|---|"]
+    lines += [f"| {name} | {sha} |" for name, sha in report["inputs"]["profiles"].items()]
+    lines += ["", "Every configuration's parameters, and every row, are in headroom.json.", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default=OUT_DIR, help=f"folder for headroom.json and headroom.md ({OUT_DIR})")
+    args = parser.parse_args()
+    out = Path(args.out_dir).resolve()  # relative to where the command ran, before anything else
+    traces = [read_trace(path) for path in sorted((ROOT / "traces").glob("*.jsonl"))]
+    profiles = [load_profile(name) for name in GB10]
+    oracles: dict[str, float] = {}
+
+    def oracle_for(config: PolicyConfig) -> tuple[float, list[ReplayRow]]:
+        key = json.dumps(loop_settings(config), sort_keys=True)
+        rows = replay_all(make_config("oracle", loop_settings(config)), traces, profiles)
+        oracles.setdefault(key, geomean([row.speedup for row in rows]))
+        return oracles[key], rows
+
+    default_oracle, oracle_rows = oracle_for(make_config("oracle", {}))
+    entries = []
+    for label, config, source in configurations():
+        rows = replay_all(config, traces, profiles)
+        own = oracle_for(config)[0]
+        entry = {"label": label, "policy": config.policy, "params": config.settings(), **source}
+        entries.append({**entry, **summary(rows, default_oracle, own)})
+        print(
+            f"{label:>24}: geomean {entries[-1]['geomean_speedup']:.4f}x  worst {entries[-1]['worst_row']:.4f}x  "
+            f"share {entries[-1]['headroom_share']:.1%}"
+        )
+    report = {
+        "benchmark": "benchmarks/headroom.py",
+        "command": "python benchmarks/headroom.py",
+        "floor": FLOOR,
+        "inputs": {
+            "traces": {str(Path(t.path).relative_to(ROOT)): t.sha256 for t in traces},
+            "profiles": {p.name: p.sha256 for p in profiles},
+        },
+        "oracle": {
+            "params": make_config("oracle", {}).settings(),
+            **summary(oracle_rows, default_oracle, default_oracle),
+        },
+        "oracle_by_loop": dict(sorted(oracles.items())),
+        "configurations": entries,
+    }
+    print(f"{'oracle':>24}: geomean {default_oracle:.4f}x")
+    write_atomic(out / "headroom.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+    write_atomic(out / "headroom.md", markdown(report))
+    print(f"results: {out / 'headroom.json'}, {out / 'headroom.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""`hedge`: a full-information meta-governor that plays whichever expert has cost least per token lately.
+
+Experts (docs/governors.md): fixed widths 0, 1, 2, 3, 4, 6 and max_draft, and graded, gated, heuristic,
+goodput and regime with their default parameters. At every iteration with a draft each expert names its
+width; once the tokens that decide it have landed (never before), every expert's cost per emitted token is
+known: C(w) over min(matched, w) + 1, in units of the pipelined step. Log weights forget and then lose
+`eta` times that loss; the leader's width is played. Stateful experts are fed their own counterfactual
+outcomes (record, shadow probes) as those land, so each runs as if it alone had decided.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sim.engine.params import MAX_MAGNITUDE, check_range, param
+from sim.errors import ConfigError
+
+from .base import Governor, register
+from .gated import Gated, GatedParams
+from .goodput import COST_REFRESH_TOKENS, CostTable, Goodput, GoodputParams
+from .graded import Graded, GradedParams
+from .heuristic import Heuristic, HeuristicParams
+from .regime import Regime, RegimeParams
+
+if TYPE_CHECKING:
+    from sim.drafters.base import Drafter
+    from sim.engine.timing import ForwardCosts
+
+FIXED_WIDTHS = (0, 1, 2, 3, 4, 6)  # and max_draft
+
+
+@dataclass(frozen=True)
+class HedgeParams:
+    eta: float = param(1.0, "each settled decision subtracts eta * loss from every expert's log weight")
+    forget: float = param(0.9, "log weights are multiplied by this before each update (forgetting, in (0, 1])")
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.forget <= 1.0:
+            raise ConfigError(f"forget must be in (0, 1], got {self.forget}")
+        check_range("eta", self.eta, 0.0, MAX_MAGNITUDE)
+
+
+@register("hedge")
+class Hedge(Governor):
+    Params = HedgeParams
+    reads_costs = True
+    watches_context = True
+
+    def __init__(self, params: HedgeParams, max_draft: int):
+        super().__init__(params, max_draft)
+        self.fixed = sorted({min(w, max_draft) for w in FIXED_WIDTHS} | {max_draft})
+        self.fixed_for = [[min(w, k) for w in self.fixed] for k in range(max_draft + 1)]  # capped by a k-token draft
+        # Experts that learn from their own rounds: asked every iteration, as the loop would ask them.
+        self.stateful: list[Governor] = [
+            Graded(GradedParams(), max_draft),
+            Gated(GatedParams(), max_draft),
+            Heuristic(HeuristicParams(), max_draft),
+        ]
+        self.asks = [expert.budget for expert in self.stateful]  # bound once: asked on every iteration
+        self.first_stateful = len(self.fixed)  # index of the first stateful expert in names, weights and widths
+        # Experts that learn from the context itself: they see every iteration's context and draft.
+        self.goodput = Goodput(GoodputParams(), max_draft)
+        self.regime = Regime(RegimeParams(), max_draft)
+        self.watchers: list[Governor] = [self.goodput, self.regime]
+        self.names = [f"width{w}" for w in self.fixed] + ["graded", "gated", "heuristic", "goodput", "regime"]
+        self.log_weights = [0.0] * len(self.names)
+        self.probes: list[tuple[int, list[int]] | None] = [None] * len(self.stateful)
+        # Decisions waiting for their tokens: [start, draft tokens, widths per expert, leading tokens matched].
+        self.pending: deque[list[Any]] = deque()
+        self.table: CostTable | None = None
+        # losses[m][w]: eta * C(w) / ((min(m, w) + 1) * C(0)) on the current table, filled as m comes up
+        self.losses: list[list[float] | None] = []
+        self.leader = 0
+        self.width = 0
+        self.pausing = False
+
+    def bind(self, costs: ForwardCosts) -> None:
+        self.table = CostTable(costs, self.max_draft)
+        for expert in self.watchers:
+            expert.bind(costs)
+
+    def observe(self, context: Sequence[int], drafter: Drafter) -> None:
+        if self.pending:
+            self._settle(context)
+        if any(self.probes):
+            for i, probe in enumerate(self.probes):
+                if probe is not None:
+                    self._settle_probe(i, probe, context)
+        draft = drafter.draft(context, self.max_draft)  # once, for hedge and both watchers
+        tokens = draft.tokens
+        goodput, regime = self.goodput, self.regime
+        goodput.observe(context, drafter, draft)
+        regime.observe(context, drafter, tokens)
+        graded, gated, heuristic = self.asks
+        budgets = [graded(), gated(), heuristic()]  # every iteration, as the loop calls budget()
+        if not tokens:
+            self.width = 0
+            self.pausing = False
+            return
+        k = len(tokens)
+        # The stateful experts' budgets are capped by the draft; the watchers' widths never exceed it.
+        widths = self.fixed_for[k] + [b if b < k else k for b in budgets]
+        widths += (goodput.width, regime.width)
+        if 0 in budgets:
+            self._probe(len(context), tokens, budgets)
+        # The max_draft expert proposes the whole draft: every decision waits for (at most) all k tokens.
+        self.pending.append([len(context), tokens, widths, 0])
+        weights = self.log_weights
+        self.leader = weights.index(max(weights))  # ties: the first expert listed
+        self.width = widths[self.leader]
+        self.pausing = self.width == 0
+
+    def _probe(self, n: int, tokens: list[int], budgets: list[int]) -> None:
+        """The shadow probe the loop would have made for each paused stateful expert that has none pending."""
+        for i, budget in enumerate(budgets):
+            if budget == 0 and self.probes[i] is None:
+                expert = self.stateful[i]
+                claims = expert.shadow_confirm_length
+                if expert.probes_while_paused() and len(tokens) >= claims:
+                    self.probes[i] = (n, tokens[:claims])
+
+    def _settle(self, context: Sequence[int]) -> None:
+        """Score, in order, every pending decision whose outcome the landed tokens now decide."""
+        landed = len(context)
+        pending = self.pending
+        while pending:
+            entry = pending[0]
+            start, tokens, widths, matched = entry
+            need = len(tokens)
+            end = min(need, landed - start)
+            while matched < end and context[start + matched] == tokens[matched]:
+                matched += 1
+            if matched < need and matched == landed - start:
+                entry[3] = matched
+                return  # the next token it needs has not landed yet
+            pending.popleft()
+            self._score(widths, matched, landed)
+
+    def _score(self, widths: list[int], matched: int, landed: int) -> None:
+        """Every expert's loss on a decision whose first `matched` draft tokens came true, settled at context
+        length `landed`; each stateful expert is fed its own outcome."""
+        table = self.table
+        assert table is not None, "hedge reads the cost profile: bind() it first"
+        if landed - table.at >= COST_REFRESH_TOKENS:  # contexts only grow, so the table never goes back
+            table.at_context(landed)
+            self.losses = [None] * (self.max_draft + 1)
+        losses = self.losses[matched]
+        if losses is None:
+            losses = self.losses[matched] = self._losses(table.ms, matched)
+        forget = self.params.forget
+        self.log_weights = [forget * weight - losses[w] for weight, w in zip(self.log_weights, widths, strict=True)]
+        for expert, w in zip(self.stateful, widths[self.first_stateful :], strict=False):
+            if w:
+                expert.record(w if w < matched else matched)
+
+    def _losses(self, ms: list[float], matched: int) -> list[float]:
+        """eta times each width's cost per emitted token, in units of the pipelined step, when `matched` of the
+        draft's tokens came true (the expression in this order: the floats must not move)."""
+        scale = self.params.eta / ms[0]
+        return [scale * ms[w] / ((w if w < matched else matched) + 1) for w in range(len(ms))]
+
+    def _settle_probe(self, i: int, probe: tuple[int, list[int]], context: Sequence[int]) -> None:
+        start, claims = probe
+        for j, claim in enumerate(claims):
+            if start + j >= len(context):
+                return
+            if context[start + j] != claim:
+                self.probes[i] = None
+                return
+        self.probes[i] = None
+        self.stateful[i].shadow_confirmed()
+
+    def budget(self) -> int:
+        return self.width
+
+    def probes_while_paused(self) -> bool:
+        # As goodput: a pause is priced as pipelined steps, and probing makes the loop pipeline at once.
+        return self.pausing
+
+    def state(self) -> dict[str, Any]:
+        return {"leader": self.names[self.leader], "width": self.width}
