@@ -308,3 +308,17 @@ def test_measure_with_contexts_writes_a_v2_profile_replay_accepts(tmp_path, caps
     trace = str(ROOT / "traces" / "email.jsonl")
     assert replay.main([trace, "--profile", str(out), "--max-draft", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["profile"]["contexts"] == [64, 256]
+
+
+def test_confirm_runs_governors_that_read_the_profile_on_a_real_model(profile, tmp_path, capsys):
+    """goodput and hedge decide from the cost profile; on the real model they are bound to the profile confirm
+    predicts with, and a scripted live decode (its lookup index growing token by token) makes exactly the decisions
+    replay predicts: the counters match, as they must for a causal governor."""
+    out = tmp_path / "confirm"
+    argv = [str(ROOT / "traces" / "email.jsonl"), "--scripted", "--profile", str(profile)]
+    argv += ["--policies", "gated,goodput,hedge", "--control", "gated", "--reps", "1", "--max-tokens", "40"]
+    assert confirm.main([*argv, "--out", str(out), *MODEL]) == 0, capsys.readouterr().err
+    rows = {r["arm"]: r for r in json.loads((out / "confirm.json").read_text())["rows"]}
+    for arm in ("goodput", "hedge"):
+        assert rows[arm]["counters_match"] and rows[arm]["parity"], rows[arm]
+        assert rows[arm]["counters"]["drafted_rounds"] > 0
