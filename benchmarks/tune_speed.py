@@ -163,8 +163,11 @@ CORPUS_TARGET_MS = 200.0
 def corpus_trial(corpus: Path, repeats: int) -> dict[str, Any]:
     """Milliseconds of one gated trial over up to 245 corpus traces + the five bundled x the GB10 profiles: the
     shipped gated and 4 random points of the gated_gb10 space, median over `repeats` passes after a warm-up."""
-    found = sorted(str(p) for kind in ("code", "docs", "data") for p in (corpus / kind).glob("*.jsonl"))
-    paths = found[:CORPUS_TRACES] + sorted(str(p) for p in (ROOT / "traces").glob("*.jsonl"))
+    # Paths relative to the repository root (the working folder here), so the results name no machine's folders.
+    found = sorted(
+        os.path.relpath(p, ROOT) for kind in ("code", "docs", "data") for p in (corpus / kind).glob("*.jsonl")
+    )
+    paths = found[:CORPUS_TRACES] + sorted(os.path.relpath(p, ROOT) for p in (ROOT / "traces").glob("*.jsonl"))
     spec = load_spec(SPEC.relative_to(ROOT))
     matrix = MatrixEvaluator.load(paths, spec.profiles)
     configs = sample_configs(spec, 4)
