@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sim.errors import UserError
 
@@ -51,6 +53,14 @@ def float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[st
     return parse
 
 
+REDELIVER_AFTER_S = 0.05  # a Ctrl-C swallowed by a callback is sent again this long after
+
+
+def _interrupt_main_thread() -> None:
+    # A real signal, not a simulated one: it also wakes a main thread blocked in a system call (a sleep, a wait).
+    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
 def run(body: Callable[[], int]) -> int:
     """Run a command's body: a user error or a file the system refuses is one `error:` line and exit 2; Ctrl-C is
     one `interrupted` line and exit 130.
@@ -58,8 +68,28 @@ def run(body: Callable[[], int]) -> int:
     Only `UserError`, `OSError` and `KeyboardInterrupt` are caught: any other exception is a bug and keeps its
     traceback.
     """
+    default_hook = sys.unraisablehook
+    again: list[threading.Thread] = []
+
+    def unraisable(report: Any) -> None:
+        # Ctrl-C landing inside a finaliser or weakref callback cannot be raised there: Python would print a
+        # traceback and go on. Keep it quiet and deliver it again a moment later from another thread, so that it
+        # lands in the main flow once this callback is over (sent from here, it would land in this hook).
+        if isinstance(report.exc_value, KeyboardInterrupt):
+            again.append(threading.Timer(REDELIVER_AFTER_S, _interrupt_main_thread))
+            again[-1].daemon = True
+            again[-1].start()
+        else:
+            default_hook(report)
+
+    sys.unraisablehook = unraisable
     try:
-        return body()
+        code = body()
+        for thread in again:
+            thread.join()  # a Ctrl-C delivered again lands here at the latest
+        if again:  # it was not (SIGINT is ignored by now): the command was still interrupted
+            raise KeyboardInterrupt
+        return code
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -70,3 +100,5 @@ def run(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.unraisablehook = default_hook
