@@ -49,6 +49,15 @@ def ingest_ok(capsys, *argv: str) -> str:
     return outcome.stdout
 
 
+def ingest_text(capsys, folder: Path, prompt: str, reply: str, out: Path, *more: str) -> str:
+    """`sim.ingest text` on a prompt and a reply written to p.txt and r.txt in `folder`; what it printed."""
+    (folder / "p.txt").write_text(prompt)
+    (folder / "r.txt").write_text(reply)
+    return ingest_ok(
+        capsys, "text", "--prompt", str(folder / "p.txt"), "--reply", str(folder / "r.txt"), "--out", str(out), *more
+    )
+
+
 def replays(capsys, paths) -> None:
     """sim.replay accepts every trace and replays it under two policies."""
     outcome = run_main(replay_cli.main, [*map(str, paths), "--compare", "gated,graded", "--json"], capsys)
@@ -74,12 +83,8 @@ def hf_tokenizer(path: Path) -> Path:
 
 
 def test_text_builds_one_trace_of_the_reply_then_eos(tmp_path, capsys):
-    (tmp_path / "p.txt").write_text("Rename x to y:\nx = 1\n")
-    (tmp_path / "r.txt").write_text("y = 1\n")
     out = tmp_path / "runs" / "t.jsonl"
-    printed = ingest_ok(
-        capsys, "text", "--prompt", str(tmp_path / "p.txt"), "--reply", str(tmp_path / "r.txt"), "--out", str(out)
-    )
+    printed = ingest_text(capsys, tmp_path, "Rename x to y:\nx = 1\n", "y = 1\n", out)
     assert printed == f"{out}: 1 trace(s), {len(load_gpt2().encode_ordinary('y = 1'))} reply tokens\n"
     trace = read_trace(out)
     assert gpt2_text(trace.prompt_tokens) == "Rename x to y:\nx = 1"  # the final newline dropped, as make_reference
@@ -91,22 +96,8 @@ def test_text_builds_one_trace_of_the_reply_then_eos(tmp_path, capsys):
 
 
 def test_text_recorded_outputs_say_so(tmp_path, capsys):
-    (tmp_path / "p.txt").write_text("Say hi")
-    (tmp_path / "r.txt").write_text("hi")
     out = tmp_path / "t.jsonl"
-    ingest_ok(
-        capsys,
-        "text",
-        "--prompt",
-        str(tmp_path / "p.txt"),
-        "--reply",
-        str(tmp_path / "r.txt"),
-        "--out",
-        str(out),
-        "--recorded",
-        "--model",
-        "qwen3-8b",
-    )
+    ingest_text(capsys, tmp_path, "Say hi", "hi", out, "--recorded", "--model", "qwen3-8b")
     header = read_trace(out).header
     assert header["source"] == "recorded" and header["model"] == "qwen3-8b"
 
@@ -115,23 +106,9 @@ def test_text_with_a_local_tokenizer_json(tmp_path, capsys):
     from tokenizers import Tokenizer
 
     path = hf_tokenizer(tmp_path / "tokenizer.json")
-    (tmp_path / "p.txt").write_text("rename the variable total")
-    (tmp_path / "r.txt").write_text("def f ( x ) : return x + 1")
     out = tmp_path / "t.jsonl"
-    ingest_ok(
-        capsys,
-        "text",
-        "--prompt",
-        str(tmp_path / "p.txt"),
-        "--reply",
-        str(tmp_path / "r.txt"),
-        "--out",
-        str(out),
-        "--tokenizer",
-        str(path),
-        "--eos",
-        "</s>",
-    )
+    prompt, reply = "rename the variable total", "def f ( x ) : return x + 1"
+    ingest_text(capsys, tmp_path, prompt, reply, out, "--tokenizer", str(path), "--eos", "</s>")
     trace = read_trace(out)
     hf = Tokenizer.from_file(str(path))
     assert list(trace.tokens) == hf.encode("def f ( x ) : return x + 1", add_special_tokens=False).ids
