@@ -54,9 +54,10 @@ several invocations at once (on one storage):
 
 stopping:
   Ctrl-C or SIGTERM while trials run: running trials are marked failed, every worker is stopped, the report
-  is written from the trials stored so far, then exit 130 (rerun the same command to continue). Ctrl-C at
-  any other moment: one `interrupted` line, exit 130. If the parent is killed outright, its workers get
-  SIGTERM from the kernel and stop too.
+  is written from the trials stored so far, then exit 130 (rerun the same command to continue). A stop that
+  comes while a worker writes to the storage waits until that write is over, so no lock or half-told trial
+  is left behind; a second Ctrl-C does not wait. Ctrl-C at any other moment: one `interrupted` line, exit
+  130. If the parent is killed outright, its workers get SIGTERM from the kernel and stop too.
 
 exit status:
   0 done; 1 a worker died (the error line says what killed it; the report is still written); 2 a usage or input

@@ -12,7 +12,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from types import FrameType
 from typing import Any, Literal
 
 import numpy as np
@@ -24,6 +23,7 @@ from sim.engine.replay import ReplayRow
 from sim.errors import ConfigError, ProfileError, UserError
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
 from sim.tuning.spec import StudySpec, baseline_params, load_spec
+from sim.tuning.stops import STOPS
 from sim.tuning.storage import TrialGate, heartbeat, open_storage, reading
 from sim.tuning.validation import studies, training
 
@@ -114,11 +114,12 @@ class WorkerTally(Tally):
 
 def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: float) -> list[float]:
     params = spec.suggest(trial)
-    if sleep_s:
-        time.sleep(sleep_s)
     try:
-        config = spec.config(params)
-        rows = matrix.evaluate(config)
+        with STOPS.evaluating():
+            if sleep_s:
+                time.sleep(sleep_s)
+            config = spec.config(params)
+            rows = matrix.evaluate(config)
     except (ConfigError, ProfileError) as err:
         # A point no engine could run (ngram_min > ngram_max, a width the profile lacks): pruned, reason
         # kept, and marked worse than any real row under every constraint. Optuna's TPE ranks a pruned trial
@@ -128,7 +129,8 @@ def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: f
             trial.set_constraint(name, limit + 1.0)  # as if the worst row ran at -1x
         raise optuna.TrialPruned(str(err)) from None
     # Every objective, whichever the study maximises (jitter_geomean only when it does: it replays the matrix again).
-    scores = matrix.scores(config, rows, jitter="jitter_geomean" in spec.objectives)
+    with STOPS.evaluating():
+        scores = matrix.scores(config, rows, jitter="jitter_geomean" in spec.objectives)
     trial.set_user_attr("scores", scores)
     # Per-row results, as `python -m sim.plot study` and notebooks/study_results.ipynb read them.
     trial.set_user_attr("rows", stored_rows(matrix, rows))
@@ -188,35 +190,52 @@ def work(
 ) -> None:
     """Run trials until this invocation has started its own trials, the study holds `cap`, or the deadline passes.
 
-    A trial interrupted while it runs (Ctrl-C, SIGTERM) is told FAIL before the interrupt goes on."""
+    A trial interrupted while it runs (Ctrl-C, SIGTERM) is told FAIL before the interrupt goes on; a stop that
+    comes during a storage call is held until that call is over (see sim.tuning.stops)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url, heartbeat_s)
     with reading(storage_url):
         study = optuna.load_study(study_name=spec.name, storage=storage, sampler=make_sampler(spec, seed))
     gate = TrialGate(storage_url, spec.name)
     try:
-        while limits.deadline is None or time.time() < limits.deadline:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # ask() warns that heartbeats belong to optimize(); we beat below
-                optuna.storages.fail_stale_trials(study)
-                if not tally.claim(limits.own):
-                    return
-                trial = ask_below(study, gate, limits.cap)
-            if trial is None:
-                return
-            with heartbeat(storage, trial._trial_id):
-                try:
-                    values = run_trial(trial, spec, matrix, sleep_s)
-                except optuna.TrialPruned:
-                    study.tell(trial, state=TrialState.PRUNED)
-                except BaseException:  # a bug, Ctrl-C or SIGTERM: the trial is failed, not left RUNNING
-                    study.tell(trial, state=TrialState.FAIL)
-                    raise
-                else:
-                    study.tell(trial, values)
-            tally.finish()
+        with STOPS.handling():
+            trials(study, storage, spec, matrix, gate, limits, sleep_s, tally)
     finally:
         gate.close()
+
+
+def trials(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    spec: StudySpec,
+    matrix: MatrixEvaluator,
+    gate: TrialGate,
+    limits: Limits,
+    sleep_s: float,
+    tally: Tally,
+) -> None:
+    """The trial loop of `work`, with the process's stops taken."""
+    while limits.deadline is None or time.time() < limits.deadline:
+        STOPS.check()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ask() warns that heartbeats belong to optimize(); we beat below
+            optuna.storages.fail_stale_trials(study)
+            if not tally.claim(limits.own):
+                return
+            trial = ask_below(study, gate, limits.cap)
+        if trial is None:
+            return
+        with heartbeat(storage, trial._trial_id):
+            try:
+                values = run_trial(trial, spec, matrix, sleep_s)
+            except optuna.TrialPruned:
+                study.tell(trial, state=TrialState.PRUNED)
+            except BaseException:  # a bug, Ctrl-C or SIGTERM: the trial is failed, not left RUNNING
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            else:
+                study.tell(trial, values)
+        tally.finish()
 
 
 def prepare(
@@ -274,12 +293,6 @@ def _die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    """A worker's SIGTERM: once, as KeyboardInterrupt, so the running trial is told FAIL; later ones are ignored."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
 def study_for(spec: StudySpec, fold: int | None) -> tuple[StudySpec, MatrixEvaluator]:
     """The study a worker runs (the spec's own, or fold number `fold`'s) and the rows that drive it."""
     study_spec, found = next((s, f) for s, f in studies(spec) if (f.number if f else None) == fold)
@@ -299,8 +312,7 @@ def _worker_process(
 ) -> None:
     """One worker process: dies with its parent, stops on SIGTERM (its trial told FAIL), and hands a user error
     back to the parent as one line instead of a traceback."""
-    _die_with_parent(parent)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    _die_with_parent(parent)  # until its trials start, SIGTERM ends a worker outright: it has written nothing yet
     try:
         spec, matrix = study_for(load_spec(spec_path), fold)
         work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, WorkerTally(conn))
