@@ -3,7 +3,8 @@
 Replay needs only what a greedy run emitted, so any saved reply is a trace once tokenized (sim/corpus/): a prompt
 and a reply file, a JSON Lines file of `{prompt, output}` records or chat `messages`, or the edits of a git
 history. Every trace stops on EOS right after the reply. An output that exists is replaced only with --force, and
-no output may be one of the inputs; both are checked before anything is written.
+no output may be one of the inputs; both are checked before anything is written. A folder of traces is written
+all or nothing: a failure or Ctrl-C leaves the output folder as it was.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from sim import cli
-from sim.corpus import IngestError
-from sim.corpus.build import Built, Item, build, check_outputs, output_paths, write
+from sim.corpus import IngestError, check_text
+from sim.corpus.build import Built, Item, build, check_outputs, output_paths, staged, write
 from sim.corpus.chat import TEMPLATES, jsonl_items
 from sim.corpus.git import LOCK_FILES, MAX_BLOB_BYTES, EditParams, folder_globs, history, open_repo, read_globs
 from sim.corpus.manifest import FILE as MANIFEST
@@ -72,7 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     one.add_argument("--prompt", required=True, metavar="P.txt", help="the prompt as the model saw it (UTF-8)")
     one.add_argument("--reply", required=True, metavar="R.txt", help="the reply (UTF-8, not empty)")
-    one.add_argument("--out", required=True, metavar="T.jsonl", help="the trace to write; its name is the file stem")
+    one.add_argument(
+        "--out",
+        type=cli.nonblank,
+        required=True,
+        metavar="T.jsonl",
+        help="the trace to write; its name is the file stem",
+    )
     _recorded(one)
     _common(one, "the trace")
     records = sub.add_parser(
@@ -83,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         "are named FILE-LINE (FILE-LINE-tK for a chat's K-th assistant turn).",
     )
     records.add_argument("file", metavar="FILE", help="the JSON Lines file, one JSON object per line")
-    records.add_argument("--out", required=True, metavar="DIR", help="folder for the traces (created if missing)")
+    records.add_argument(
+        "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for the traces (created if missing)"
+    )
     records.add_argument(
         "--template",
         choices=sorted(TEMPLATES),
@@ -109,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _git_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("repo", metavar="REPO", help="a git repository (read through git; its files are not read)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the traces (created if missing)")
+    parser.add_argument(
+        "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for the traces (created if missing)"
+    )
     parser.add_argument(
         "--range",
         default="HEAD",
@@ -169,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
+    check_text(getattr(args, "model", None), "--model")
     tokenizer = load_tokenizer(args.tokenizer, args.eos)
     tokenizer_files = [args.tokenizer] if args.tokenizer else []
     if args.command == "text":
@@ -177,7 +189,7 @@ def _ingest(args: argparse.Namespace) -> int:
             raise IngestError(f"--out {args.out}: a trace file name ends in .jsonl")
         check_outputs([out], [args.prompt, args.reply, *tokenizer_files], args.force, "--out")
         built = _build_all([text_item(args.prompt, args.reply, args.out)], tokenizer, _source(args), args)
-        write(out.parent, built)
+        write(out.parent, built)  # one file, written atomically
         _report(built, str(out))
         return 0
     out = check_out_folder(args.out, "--out")
@@ -185,7 +197,8 @@ def _ingest(args: argparse.Namespace) -> int:
         items = jsonl_items(args.file, args.template)
         check_outputs(output_paths(out, items), [args.file, *tokenizer_files], args.force, "--out")
         built = _build_all(items, tokenizer, _source(args), args)
-        write(out, built)
+        with staged(out) as staging:
+            write(staging, built)
         _report(built, str(out))
         return 0
     return _git(args, out, tokenizer, tokenizer_files)
@@ -201,9 +214,10 @@ def _git(args: argparse.Namespace, out: Path, tokenizer: Tokenizer, tokenizer_fi
     inputs = [*tokenizer_files, *([args.exclude_from] if args.exclude_from else [])]
     check_outputs([*output_paths(out, found.items), out / MANIFEST], inputs, args.force, "--out")
     built = _build_all(found.items, tokenizer, "reference", args)  # commits are written by people, not decoded
-    write(out, built)
-    data = manifest(out, args.range, args.since, found, params, excludes, tokenizer, built)
-    write_atomic(out / MANIFEST, text(data))
+    with staged(out) as staging:
+        write(staging, built)
+        data = manifest(staging, args.range, args.since, found, params, excludes, tokenizer, built)
+        write_atomic(staging / MANIFEST, text(data))
     _report(built, str(out))
     print(
         f"commits {data['first_commit'][:10]}..{data['last_commit'][:10]} ({data['commits']}); "

@@ -6,10 +6,12 @@ git repositories made with the git command, and sim.replay on every trace built.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from conftest import ROOT, assert_refused, run_main, snapshot
 
 from sim import ingest
 from sim import replay as replay_cli
+from sim.corpus import build as build_module
+from sim.corpus.build import staged
 from sim.corpus.git import KINDS
 from sim.engine.config import make_config
 from sim.engine.costs import DEFAULT_PROFILE, load_profile
@@ -405,9 +409,21 @@ def files(tmp_path) -> Path:
     write_jsonl(tmp_path / "no-output.jsonl", {"prompt": "a"})
     write_jsonl(tmp_path / "no-assistant.jsonl", {"messages": [{"role": "user", "content": "hi"}]})
     (tmp_path / "broken.jsonl").write_text('{"prompt": "a", "output": \n')
+    (tmp_path / "surrogate.jsonl").write_text('{"prompt": "a", "output": "b \\ud800"}\n')
+    no_unk_tokenizer(tmp_path / "no-unk.json")
     (tmp_path / "plain-folder").mkdir()
     (tmp_path / "out").mkdir()
     return tmp_path
+
+
+def no_unk_tokenizer(path: Path) -> Path:
+    """A word-level tokenizer.json with no unknown-word token: a word outside its vocabulary cannot be encoded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"prompt": 0, "hello": 1}))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path))
+    return path
 
 
 def text_args(files: Path, reply: str = "r.txt", *more: str) -> list[str]:
@@ -490,6 +506,36 @@ REFUSED = [
     ),
     ("missing repository", lambda f: ["git", str(f / "nowhere"), "--out", str(f / "out")], ["nowhere: no such folder"]),
     ("max out of range", lambda f: ["git", str(f), "--out", str(f / "out"), "--max", "0"], ["--max", "1..1000000"]),
+    (
+        "trace name of two lines",
+        lambda f: text_args(f)[:-1] + [str(f / "out" / "a\nb.jsonl")],
+        ["the trace name 'a\\nb' is not one line"],
+    ),
+    (
+        "undecodable bytes in an argument",
+        lambda f: text_args(f, "r.txt", "--model", "qwen\udcff"),
+        ["--model holds '\\udcff', which is not a character"],
+    ),
+    (
+        "undecodable bytes in a file name",
+        lambda f: text_args(f)[:-1] + [str(f / "out" / "t\udcff.jsonl")],
+        ["the trace name holds '\\udcff'"],
+    ),
+    (
+        "a lone surrogate in JSON",
+        lambda f: ["jsonl", str(f / "surrogate.jsonl"), "--out", str(f / "out")],
+        ["surrogate.jsonl:1: the reply holds '\\ud800'"],
+    ),
+    (
+        "a word the tokenizer cannot encode",
+        lambda f: text_args(f, "r.txt", "--tokenizer", str(f / "no-unk.json")),
+        ["r.txt: the reply: no-unk.json cannot encode it (", "Missing [UNK]"],
+    ),
+    (
+        "undecodable eos",
+        lambda f: text_args(f, "r.txt", "--tokenizer", str(f / "tokenizer.json"), "--eos", "\udcff"),
+        ["--eos holds '\\udcff'"],
+    ),
 ]
 
 
@@ -531,6 +577,95 @@ def test_existing_outputs_are_replaced_only_with_force(small_repo, files, capsys
     assert snapshot(out) == kept
     ingest_ok(capsys, "git", str(repo), "--out", str(out), "--force")
     assert snapshot(out) == kept  # the same range and parameters write the same bytes
+
+
+def path_hash(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()[:8]
+
+
+def test_git_paths_that_would_share_a_file_name_each_get_their_own(tmp_path, capsys):
+    """a/b.py and a__b.py slug alike: each trace's name gets a hash of its path; a name too long for a file system
+    is cut, with the hash; a file name that is not UTF-8 is skipped and counted."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    long_name = "x" * 250 + ".py"
+    start = {"a/b.py": "one = 1\n", "a__b.py": "two = 2\n", long_name: "three = 3\n", "plain.py": "four = 4\n"}
+    commit(repo, "Start", start)
+    (repo / os.fsdecode(b"caf\xe9.py")).write_text("five = 5\n")
+    commit(repo, "Add a Latin-1 name", {})
+    (repo / os.fsdecode(b"caf\xe9.py")).write_text("five = 55\n")
+    edit = commit(repo, "Edit all", {name: text.replace("= ", "= 10 * ") for name, text in start.items()})
+    out = tmp_path / "out"
+    printed = ingest_ok(capsys, "git", str(repo), "--out", str(out))
+    assert "2 file name not UTF-8" in printed  # its addition and its edit
+    names = sorted(p.name for p in (out / "code").iterdir())
+    hashed = sorted(f"{edit[:10]}-a__b.py-{path_hash(p)}.jsonl" for p in ("a/b.py", "a__b.py"))
+    assert names[:2] == hashed
+    assert names[2] == f"{edit[:10]}-plain.py.jsonl"
+    cut = f"{edit[:10]}-{long_name[:151]}-{path_hash(long_name)}.jsonl"
+    assert names[3] == cut and len(cut.encode()) < 200
+    paths = {read_trace(out / "code" / n).header["path"] for n in names}
+    assert paths == {"a/b.py", "a__b.py", long_name, "plain.py"}
+
+
+def test_git_a_missing_object_is_one_error_line(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    commit(repo, "Start", {"a.md": "hi\n"})
+    commit(repo, "Edit", {"a.md": "hi there\n"})
+    blob = git(repo, "rev-parse", "HEAD:a.md")
+    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    out = tmp_path / "out"
+    assert_refused(
+        run_main(ingest.main, ["git", str(repo), "--out", str(out)], capsys), f"git object {blob} is missing"
+    )
+    assert not out.exists()
+
+
+def test_git_a_file_where_a_kind_folder_goes_is_refused_before_anything_is_written(small_repo, tmp_path, capsys):
+    repo, _ = small_repo
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "docs").write_text("not a folder")
+    before = snapshot(out)
+    assert_refused(
+        run_main(ingest.main, ["git", str(repo), "--out", str(out)], capsys),
+        f"{out / 'docs'} is a file, where a folder of traces must go",
+    )
+    assert snapshot(out) == before
+
+
+def test_a_folder_of_traces_is_written_all_or_nothing(tmp_path):
+    """A failure or Ctrl-C while traces are staged leaves the output folder as it was (a folder it made is removed
+    again); a Ctrl-C while they move into place is held until the last one is in, then raised."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "README.md").write_text("mine")
+    for stop in (OSError("disk full"), KeyboardInterrupt()):
+        for out in (kept, tmp_path / "new"):
+            with pytest.raises(type(stop)), staged(out) as staging:
+                (staging / "code").mkdir()
+                (staging / "code" / "t.jsonl").write_text("half")
+                raise stop
+            assert snapshot(tmp_path) == {"kept/README.md": b"mine"}
+    moved = []
+    real_replace = os.replace
+
+    def replace_after_ctrl_c(source, target):
+        if not moved:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, landing while the first file moves
+        moved.append(Path(target).name)
+        real_replace(source, target)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(build_module.os, "replace", replace_after_ctrl_c)
+        with staged(kept) as staging:
+            for name in ("a", "b", "c"):
+                (staging / f"{name}.jsonl").write_text(name)
+    assert moved == ["a.jsonl", "b.jsonl", "c.jsonl"]
+    assert snapshot(kept) == {"README.md": b"mine", "a.jsonl": b"a", "b.jsonl": b"b", "c.jsonl": b"c"}
 
 
 # --------------------------------------------------------------------------------------------- the bundled corpus

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sim.tuning.stops import Stops
+from sim.stops import Stops
 
 
 def stop_now(signum: signal.Signals = signal.SIGINT) -> None:

@@ -9,7 +9,9 @@ context lines: the region before in the prompt, after in the reply). Everything 
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import hashlib
 import os
 import random
 import re
@@ -39,6 +41,7 @@ BINARY_SUFFIXES = frozenset(
 LOCK_FILES = ("*.lock", "package-lock.json", "pnpm-lock.yaml")
 MAX_BLOB_BYTES = 1 << 20  # a file above this is skipped as huge without being read
 MAX_SUBJECT_CHARS = 200
+MAX_SLUG = 160  # a trace file name: 11 + this + up to 14 (-L<line>.jsonl); a temporary copy adds about 14
 # Git reads no user or system configuration (no pager, no external diff, no textconv, no replaced objects), and
 # speaks C: the same objects give the same bytes on every machine.
 GIT_ENV = {
@@ -144,8 +147,13 @@ def changes(repo: str, commit: str, skipped: Counter[str]) -> list[Change]:
     i = 0
     while i < len(raw) - 1:
         mode_before, mode_after, blob_before, blob_after, status = raw[i].decode().lstrip(":").split()
-        paths = [p.decode("utf-8", "replace") for p in raw[i + 1 : i + (3 if status[0] in "RC" else 2)]]
-        i += 1 + len(paths)
+        names = raw[i + 1 : i + (3 if status[0] in "RC" else 2)]
+        i += 1 + len(names)
+        try:
+            paths = [name.decode() for name in names]
+        except UnicodeDecodeError:  # a header keeps text only, and a lossy decoding could give two files one name
+            skipped["file name not UTF-8"] += 1
+            continue
         kind = status[0]
         if kind == "A" or kind == "C":  # no "before": writing a file is not editing one
             skipped["new file"] += 1
@@ -199,7 +207,12 @@ def _read_blobs(repo: str, blobs: Sequence[str]) -> dict[str, bytes | None]:
     if not blobs:
         return {}
     sizes = git(repo, "cat-file", "--batch-check=%(objectname) %(objectsize)", stdin="\n".join(blobs).encode() + b"\n")
-    size = {sha.decode(): int(n) for sha, n in (line.split() for line in sizes.splitlines())}
+    size = {}
+    for line in sizes.decode().splitlines():
+        sha, found = line.split(maxsplit=1)
+        if found == "missing":  # a damaged repository, or a shallow or partial clone
+            raise IngestError(f"{repo}: git object {sha} is missing (a damaged or partial clone? try git fsck)")
+        size[sha] = int(found)
     small = [b for b in blobs if size[b] <= MAX_BLOB_BYTES]
     data = git(repo, "cat-file", "--batch", stdin="".join(f"{b}\n" for b in small).encode())
     out: dict[str, bytes | None] = {b: None for b in blobs}
@@ -223,8 +236,28 @@ def _text(data: bytes) -> str | None:
 
 
 def _slug(path: str) -> str:
-    """A path as part of a plain file name: folders joined by __, anything unusual made _."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", path.replace("/", "__")).lstrip(".") or "_"
+    """A path as part of a plain file name: folders joined by __, anything unusual made _; a long one cut, with a
+    hash of the whole path, so that a trace's file name stays well under the 255 bytes file systems allow."""
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", path.replace("/", "__")).lstrip(".") or "_"
+    return slug if len(slug) <= MAX_SLUG else f"{slug[: MAX_SLUG - 9]}-{_path_hash(path)}"
+
+
+def _path_hash(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()[:8]
+
+
+def _distinct(items: list[Item]) -> list[Item]:
+    """Paths that slug alike (a/b.py and a__b.py, or two names that differ only in unusual characters) would share
+    a file: each such trace's file name gets a hash of its path. Other names stay as they are."""
+    paths: dict[str, set[str]] = {}
+    for item in items:
+        paths.setdefault(item.file, set()).add(item.meta["path"])
+    return [
+        dataclasses.replace(item, file=f"{item.file.removesuffix('.jsonl')}-{_path_hash(item.meta['path'])}.jsonl")
+        if len(paths[item.file]) > 1
+        else item
+        for item in items
+    ]
 
 
 @dataclass(frozen=True)
@@ -353,6 +386,7 @@ def history(repo: str, revisions: str, since: str | None, params: EditParams, ex
                 skipped["empty reply"] += 1
             else:
                 items += _items(repo, change, before, after, params, skipped)
+    items = _distinct(items)
     if params.max_traces is not None:
         items = _sample(items, params.max_traces, params.seed, skipped)
     return History(commits, items, skipped)

@@ -32,7 +32,7 @@ def _stats(traces: list[Built]) -> dict[str, Any]:
 
 
 def manifest(
-    out: Path,
+    folder: Path,
     revisions: str,
     since: str | None,
     history: History,
@@ -41,7 +41,7 @@ def manifest(
     tokenizer: Tokenizer,
     built: list[Built],
 ) -> dict[str, Any]:
-    """The manifest of traces already written under `out` (each named with the sha256 of its bytes)."""
+    """The manifest of traces already written under `folder` (each named with the sha256 of its bytes)."""
     entries = []
     for trace in built:
         header = trace.header
@@ -50,7 +50,7 @@ def manifest(
             file=trace.item.file,
             prompt_tokens=len(header["prompt_tokens"]),
             reply_tokens=len(trace.tokens),
-            sha256=hashlib.sha256((out / trace.item.file).read_bytes()).hexdigest(),
+            sha256=hashlib.sha256((folder / trace.item.file).read_bytes()).hexdigest(),
         )
         entries.append(entry)
     return {

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.corpus import IngestError
+from sim.corpus import IngestError, check_text
 from sim.io import decode_text, read_bytes
 
 
@@ -57,8 +57,10 @@ def _hugging_face(path: str, eos: str | None) -> Tokenizer:
         hf = HFTokenizer.from_str(text)
     except Exception as err:  # the Rust library raises a bare Exception for any file it cannot parse
         raise IngestError(f"{path}: not a Hugging Face tokenizer.json ({str(err).splitlines()[0]})") from None
+    check_text(Path(path).name, "--tokenizer's file name")  # it goes into every header
     eos_ids: tuple[int, ...] = ()
     if eos is not None:
+        check_text(eos, "--eos")
         found = hf.token_to_id(eos)
         if found is None:
             raise IngestError(f"--eos {eos!r}: no such token in {path}")
@@ -66,6 +68,10 @@ def _hugging_face(path: str, eos: str | None) -> Tokenizer:
 
     def encode(value: str) -> list[int]:
         # no BOS/EOS added: the prompt is the text as given (a chat template spells its own markers)
-        return list(hf.encode(value, add_special_tokens=False).ids)
+        try:
+            return list(hf.encode(value, add_special_tokens=False).ids)
+        except Exception as err:  # the Rust library raises a bare Exception, e.g. a word-level vocabulary with no
+            # unknown-word token meeting a word it lacks: a property of the user's file, not of this code
+            raise IngestError(f"{Path(path).name} cannot encode it ({str(err).splitlines()[0]})") from None
 
     return Tokenizer(Path(path).name, hashlib.sha256(data).hexdigest(), eos_ids, encode)

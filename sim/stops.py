@@ -1,12 +1,12 @@
-"""Where a stop (Ctrl-C, or the SIGTERM a worker gets) may land while trials run.
+"""Where a stop (Ctrl-C, SIGTERM) may land while a command writes what must not be left half done.
 
-optuna's storages write under locks and in several steps. A journal file's lock is itself a file: a process
-interrupted while holding it leaves it behind, and every other process then waits out optuna's 30 s grace period
-before taking it. A trial interrupted between its creation and the code that tells its end stays RUNNING until a
-heartbeat check fails it. So while trials run, a stop is raised (as KeyboardInterrupt) at once only while a trial
-is being evaluated, where nothing is half written; anywhere else it is held and raised at the next point where
-it is safe. A second stop while one is held is raised at once: a storage call that hangs must not leave the
-process unstoppable.
+Trials: optuna's storages write under locks and in several steps. A journal file's lock is itself a file: a
+process interrupted while holding it leaves it behind, and every other process then waits out optuna's 30 s grace
+period before taking it. A trial interrupted between its creation and the code that tells its end stays RUNNING
+until a heartbeat check fails it. So while trials run, a stop is raised (as KeyboardInterrupt) at once only while
+a trial is being evaluated, where nothing is half written; anywhere else it is held and raised at the next point
+where it is safe. Ingest: a folder of traces is moved into place with every stop held until the last file is in.
+A second stop while one is held is raised at once: a call that hangs must not leave the process unstoppable.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import NoReturn
 
 
 class Stops:
-    """The stop signals of one process while it runs trials."""
+    """The stop signals of one process while it does work that must not be cut in the middle."""
 
     def __init__(self) -> None:
         self._evaluating = False
