@@ -53,6 +53,14 @@ def float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[st
     return parse
 
 
+def nonblank(text: str) -> str:
+    """An argparse `type`: a path or URL that is not empty or only spaces (an empty one would silently mean the
+    current folder or a default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path or URL, got an empty value")
+    return text
+
+
 REDELIVER_AFTER_S = 0.05  # a Ctrl-C swallowed by a callback is sent again this long after
 
 

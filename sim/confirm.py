@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="force the trace's tokens: real forwards and costs for weights that did not produce it",
     )
     parser.add_argument("--max-tokens", type=int, help="stop earlier than the trace did (may only shorten it)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for confirm.json and confirm.md")
+    parser.add_argument(
+        "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for confirm.json and confirm.md"
+    )
     add_model_args(parser)
     return parser
 

@@ -168,9 +168,15 @@ StrictYAMLLoader.add_constructor("tag:yaml.org,2002:int", _bounded_yaml_int)
 
 def parse_yaml(text: str, path: str | os.PathLike[str], error: type[UserError]) -> Any:
     """A strict safe_load (`StrictYAMLLoader`), every failure one `file:line: ...` line."""
-    loader = StrictYAMLLoader(text)
     try:
-        return loader.get_single_data()
+        loader = StrictYAMLLoader(text)  # its reader checks every character here, before any parsing
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.reader.ReaderError as err:  # a control character: YAML allows printable text only
+        line = text[: err.position].count("\n") + 1
+        raise error(f"{path}:{line}: not valid YAML (character U+{err.character:04X} is not allowed)") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -179,8 +185,6 @@ def parse_yaml(text: str, path: str | os.PathLike[str], error: type[UserError]) 
         raise error(f"{path}{'' if err.line is None else f':{err.line}'}: {err}") from None
     except RecursionError:
         raise error(f"{path}: YAML nested too deeply") from None
-    finally:
-        loader.dispose()
 
 
 def load_yaml(path: str | os.PathLike[str], error: type[UserError], what: str) -> tuple[Any, bytes]:

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Measure P (pipelined step), S(1..W) (synchronous verify forwards) and prefill cost of a "
         "model on this machine; write a cost profile for sim.replay / sim.confirm.",
     )
-    parser.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile file to write")
+    parser.add_argument("--out", type=cli.nonblank, required=True, metavar="PROFILE.yaml", help="profile file to write")
     parser.add_argument("--name", help="profile name (default: the file name without .yaml)")
     parser.add_argument(
         "--prompt-tokens",

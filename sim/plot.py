@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = study.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "--storage",
+        type=cli.nonblank,
         metavar="URL|FILE",
         help="optuna storage: a URL such as "
         "sqlite:///studies/gated_gb10.db or postgresql+psycopg2://user:pw@host/db, or a journal file "
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--study-dir",
+        type=cli.nonblank,
         metavar="DIR",
         help="a study folder (studies/NAME) whose one SQLite or journal "
         "file (inside it, or next to it as NAME.db / NAME.journal.log) is the storage",
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     for each in (rounds, study):
         each.add_argument(
             "--out",
+            type=cli.nonblank,
             default="figures",
             metavar="DIR",
             help="folder for the PNG files, created if missing (default: figures); a figure may not replace "
@@ -120,6 +123,9 @@ def _plot(args: argparse.Namespace) -> int:
         baseline = _baseline(args.baseline_trial)
         storage = args.storage or storage_in(Path(args.study_dir))
         study = open_study(storage, args.study)
+        held = len(study.get_trials(deepcopy=False))
+        if baseline is not None and 0 < held <= baseline:  # a typo would quietly draw the best trial alone
+            raise PlotError(f"--baseline-trial {baseline}: study {study.study_name} has trials 0..{held - 1}")
         outputs = [out / f"{file_part(study.study_name)}_{kind}.png" for kind in STUDY_FIGURES]
         refuse_inputs_as_outputs(outputs, [file for file in [storage_file(storage)] if file], "--out")
         written, notes = write_study_figures(study, out, args.dpi, baseline)

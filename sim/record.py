@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="prompt text files (.txt, UTF-8; the final newline is dropped), or trace files "
         "(.jsonl) whose prompt tokens are reused; the trace is named after the file (a trace: its header's name)",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for NAME.jsonl (created if missing)")
+    parser.add_argument(
+        "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for NAME.jsonl (created if missing)"
+    )
     parser.add_argument(
         "--force",
         action="store_true",

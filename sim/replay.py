@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rounds-out",
+        type=cli.nonblank,
         metavar="FILE.jsonl",
         help="also write every run round by round: per run a 'run' line (the --json row) followed "
         "by one 'round' line per loop iteration (fields: docs/trace-format.md); plot with python -m sim.plot. "
@@ -175,7 +177,11 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     if args.drafter is not None:  # --drafter NAME:k=v is a shorthand for --set drafter=NAME --set drafter.k=v
-        settings.update(parse_drafter(args.drafter))
+        drafter = parse_drafter(args.drafter)
+        twice = sorted(set(drafter) & set(settings))
+        if twice:
+            raise ConfigError(f"--drafter and --set both set {', '.join(twice)}: give each once")
+        settings.update(drafter)
     if args.config is not None:
         for flag, value in (("--compare", args.compare), ("--policy", args.policy)):
             if value is not None:
@@ -300,6 +306,10 @@ def _oracle_rows(rows: list[ReplayRow], max_tokens: int | None) -> dict[OracleKe
     return best
 
 
+def _share(share: float) -> str:
+    return "n/a" if math.isnan(share) else f"{share:.1%}"  # nan: the oracle gains nothing, so there is no headroom
+
+
 def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, ReplayRow], name_width: int) -> list[str]:
     """Per policy: the share of the oracle's headroom it captures and its time regret (docs/oracle.md)."""
     width = max(12, *(len(column[0].label) + 2 for column in columns))
@@ -309,7 +319,7 @@ def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, Replay
         shares.append(headroom_share([r.speedup for r in column], [o.speedup for o in oracle]))
         regrets.append(time_regret([r.time_ms for r in column], [o.time_ms for o in oracle]))
     return [
-        f"{'headroom':<{name_width}} {'':>6} " + "".join(f"{s:>{width}.1%}" for s in shares),
+        f"{'headroom':<{name_width}} {'':>6} " + "".join(f"{_share(s):>{width}}" for s in shares),
         f"{'regret':<{name_width}} {'':>6} " + "".join(f"{r:>{width}.1%}" for r in regrets),
         "against the hindsight oracle (oracle*: not causal, it knows the whole trace; docs/oracle.md): "
         "headroom = (geomean speedup - 1) / (the oracle's - 1), regret = geomean(time / oracle time) - 1",

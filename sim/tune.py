@@ -101,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--storage",
+        type=cli.nonblank,
         help="optuna storage, overriding the spec's: sqlite:///FILE, "
         "postgresql+psycopg2://USER:PASS@HOST/DB (several machines) or FILE.journal.log",
     )
-    parser.add_argument("--out", help="report folder (default: runs/NAME/ in the current folder)")
+    parser.add_argument("--out", type=cli.nonblank, help="report folder (default: runs/NAME/ in the current folder)")
     parser.add_argument(
         "--heartbeat",
         type=cli.int_in(1, 3600),

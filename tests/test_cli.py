@@ -56,3 +56,27 @@ def test_other_exceptions_in_callbacks_keep_pythons_report():
         [sys.executable, "-c", code.replace("{after}", "")], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and "RuntimeError: boom" in done.stderr and "Exception ignored" in done.stderr
+
+
+EMPTY_PATHS = [
+    ("sim.replay", ["traces/email.jsonl", "--rounds-out", ""]),
+    ("sim.tune", ["studies/gated_gb10.yaml", "--storage", " ", "--n-trials", "0"]),
+    ("sim.tune", ["studies/gated_gb10.yaml", "--out", "", "--n-trials", "0"]),
+    ("sim.plot", ["rounds", "r.jsonl", "--out", ""]),
+    ("sim.ingest", ["text", "--prompt", "p.txt", "--reply", "r.txt", "--out", ""]),
+    ("sim.ingest", ["git", ".", "--out", ""]),
+    ("sim.measure", ["--arch", "tiny", "--out", ""]),
+    ("sim.record", ["traces/email.jsonl", "--out", ""]),
+    ("sim.confirm", ["traces/email.jsonl", "--policies", "gated", "--out", ""]),
+]
+
+
+def test_an_empty_output_or_storage_path_is_a_usage_error():
+    """An empty path would quietly mean the current folder or a default storage: every command refuses it."""
+    for module, argv in EMPTY_PATHS:
+        done = subprocess.run(
+            [sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 2, (module, argv, done.stderr)
+        assert "expected a path or URL, got an empty value" in done.stderr, (module, argv, done.stderr)
+        assert "Traceback" not in done.stderr

@@ -375,6 +375,15 @@ def test_bad_drafter_is_one_error_line(capsys, drafter, fragments):
     assert_refused(run_main(replay_main, [EMAIL, "--drafter", drafter], capsys), *fragments)
 
 
+def test_a_drafter_setting_given_twice_is_refused(capsys):
+    both = [EMAIL, "--drafter", "suffix:min_token_prob=0.2", "--set", "drafter=lookup", "--set", "drafter.x=1"]
+    assert_refused(run_main(replay_main, both, capsys), "--drafter and --set both set drafter: give each once")
+    key = [EMAIL, "--drafter", "suffix:min_token_prob=0.2", "--set", "drafter.min_token_prob=0.3"]
+    assert_refused(run_main(replay_main, key, capsys), "both set drafter.min_token_prob")
+    on_top = run_main(replay_main, [EMAIL, "--drafter", "suffix", "--set", "drafter.min_token_prob=0.3"], capsys)
+    assert on_top.code == 0 and "drafter=suffix" in on_top.stdout and "min_token_prob=0.3" in on_top.stdout
+
+
 def test_stream_flags_refused_in_one_line(capsys, tmp_path):
     assert_refused(run_main(replay_main, [EMAIL, "--stream-order", "x"], capsys), "give it with --as-stream")
     out = tmp_path / "r.jsonl"

@@ -116,6 +116,14 @@ def test_confirm_refuses_the_oracle_as_an_arm(tmp_path, capsys):
         assert not (tmp_path / "out").exists()
 
 
+def test_headroom_is_n_a_when_the_oracle_gains_nothing(capsys):
+    """One token: every policy, the oracle too, runs exactly as plain decoding; a share of no headroom is undefined."""
+    done = run_main(main, [TRACES[0], "--compare", "gated,oracle", "--max-tokens", "1", "--profile", PROFILE], capsys)
+    assert done.code == 0, done.stderr
+    headroom = next(line for line in done.stdout.splitlines() if line.startswith("headroom"))
+    assert headroom.split() == ["headroom", "n/a", "n/a"]
+
+
 def test_a_study_spec_refuses_the_oracle(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(
@@ -123,4 +131,15 @@ def test_a_study_spec_refuses_the_oracle(tmp_path):
         f"traces: [{ROOT}/traces/email.jsonl]\nprofiles: [{PROFILE}]\n"
     )
     with pytest.raises(StudyError, match=r"spec.yaml:2: .*policy oracle is not causal"):
+        load_spec(spec)
+
+
+def test_a_study_spec_refuses_the_oracle_as_baseline(tmp_path):
+    """A baseline is what the confirmation plan runs as the control on hardware: the oracle cannot be one."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"name: o\npolicy: gated\nsearch_space:\n  max_draft: {{low: 2, high: 7}}\nbaseline: {{policy: oracle}}\n"
+        f"traces: [{ROOT}/traces/email.jsonl]\nprofiles: [{PROFILE}]\n"
+    )
+    with pytest.raises(StudyError, match=r"spec.yaml:5: baseline: policy oracle is not causal"):
         load_spec(spec)

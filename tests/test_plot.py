@@ -309,6 +309,8 @@ def test_failing_write_leaves_the_previous_png_untouched(tmp_path, monkeypatch):
         (["study", "--study-dir", "{tmp}/nowhere"], "no such study folder"),
         (["study", "--storage", "sqlite:///{tmp}/s.db", "--study", "other"], "has no study 'other'; it holds: demo"),
         (["study", "--storage", "sqlite:///{tmp}/s.db", "--baseline-trial", "best"], "--baseline-trial must be"),
+        (["study", "--storage", "sqlite:///{tmp}/s.db", "--baseline-trial", "7"], "study demo has trials 0..1"),
+        (["study", "--storage", ""], "argument --storage: expected a path or URL, got an empty value"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):

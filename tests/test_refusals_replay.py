@@ -185,6 +185,7 @@ _bad_profile("extend unknown", PROFILE + "extend: linear\n", 3, "extend must be 
 _bad_profile("name with a line break", 'name: "a\\nb"\n' + PROFILE, 1, "name must be a one-line text")
 _bad_profile("not a mapping", "- 10\n- 12\n", 1, "expected a mapping")
 _bad_profile("invalid YAML", "pipelined_ms: 10\nsync_ms: [12, 15\n", 3, "not valid YAML")
+_bad_profile("a control character", "pipelined_ms: 10\nsync_ms: [12]\x00\n", 2, "character U+0000 is not allowed")
 _bad_profile("too many widths", "pipelined_ms: 10\nsync_ms: [" + ", ".join(["12"] * 1025) + "]\n", 2, "at most 1024")
 # Nine aliases per level, eight levels: 9^8 nodes if expanded. The loader keeps references, and the line finder
 # behind the error (the pipelined_ms line) visits each node once.
@@ -273,6 +274,7 @@ _bad_config("unknown top-level key", "policy: gated\nparam: {}\n", 2, "unknown k
 _bad_config("duplicate key", "policy: gated\npolicy: off\n", 2, "duplicate key 'policy'")
 _bad_config("not a mapping", "- gated\n", 1, "expected a mapping with 'policy'")
 _bad_config("invalid YAML", "policy: gated\nparams: {full_at: 1\n", 3, "not valid YAML")
+_bad_config("a control character", "policy: gated\n\x07params: {}\n", 2, "character U+0007 is not allowed")
 _bad_config("with --compare", CONFIG, None, "cannot be combined", "--compare", "off,gated")
 _bad_config("with --policy", CONFIG, None, "cannot be combined", "--policy", "off")
 

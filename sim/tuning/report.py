@@ -17,6 +17,7 @@ the best's share of its headroom (sim.engine.oracle) for prompt-lookup studies.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,8 +108,8 @@ def _rows_table(
         counters = [f"{getattr(r.counters, name)} ({getattr(b.counters, name)})" for name in names]
         cells = []
         if oracle is not None:
-            share = (r.speedup - 1) / (oracle[k] - 1) if oracle[k] > 1 else float("nan")
-            cells = [f"{oracle[k]:.4f}x", f"{share:.2f}"]
+            share = f"{(r.speedup - 1) / (oracle[k] - 1):.2f}" if oracle[k] > 1 else "n/a"  # no headroom to share
+            cells = [f"{oracle[k]:.4f}x", share]
         lines.append(
             f"| {r.trace.name} | {group} | {r.profile.name} | {r.generated} | {b.speedup:.4f}x | {r.speedup:.4f}x | "
             f"{100 * (r.speedup / b.speedup - 1):+.2f}% | " + " | ".join(cells + counters) + " |"
@@ -309,7 +310,12 @@ def render(
         lines += ["No oracle column: the hindsight oracle is defined for the prompt-lookup drafter only.", ""]
     else:
         share = headroom_share([r.speedup for r in best_rows], oracle)
-        lines += [f"The best captures {share:.2f} of the oracle's geomean headroom over plain decoding.", ""]
+        lines += [
+            f"The best captures {share:.2f} of the oracle's geomean headroom over plain decoding."
+            if not math.isnan(share)
+            else "The oracle gains nothing over plain decoding on these rows: there is no headroom to share.",
+            "",
+        ]
     if front:
         lines += [
             "## Pareto front (feasible)",

@@ -551,6 +551,12 @@ def load_spec(path: str | Path) -> StudySpec:
         baseline = make_config(str(baseline_raw.get("policy", cls.name)), baseline_raw.get("params") or {})
     except ConfigError as err:
         raise r.fail(f"baseline: {err}", "baseline") from None
+    if not policy_class(baseline.policy).causal:  # no hardware run can be compared against it
+        raise r.fail(
+            f"baseline: policy {baseline.policy} is not causal (it knows the whole trace, docs/oracle.md); study "
+            "reports show it beside every row anyway; compare against a causal one",
+            "baseline",
+        )
 
     constraints = r.check_keys(raw.get("constraints") or {}, CONSTRAINTS, "constraints")
     constraints = {
