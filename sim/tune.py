@@ -56,7 +56,8 @@ stopping:
   Ctrl-C or SIGTERM while trials run: running trials are marked failed, every worker is stopped, the report
   is written from the trials stored so far, then exit 130 (rerun the same command to continue). A stop that
   comes while a worker writes to the storage waits until that write is over, so no lock or half-told trial
-  is left behind; a second Ctrl-C does not wait. Ctrl-C at any other moment: one `interrupted` line, exit
+  is left behind, and one that comes while workers start waits until they have; a second Ctrl-C does not
+  wait. Ctrl-C at any other moment: one `interrupted` line, exit
   130. If the parent is killed outright, its workers get SIGTERM from the kernel and stop too.
 
 exit status:

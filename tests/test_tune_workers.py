@@ -79,7 +79,7 @@ def test_a_worker_killed_mid_trial_is_failed_and_its_trial_retried(tmp_path, kin
     storage = f"sqlite:///{tmp_path}/s.db" if kind == "sqlite" else str(tmp_path / "s.journal.log")
     common = ["--storage", storage, "--heartbeat", "1", "--no-plots"]
     worker = subprocess.Popen(
-        [*TUNE, spec, *common, "--n-trials", "50", "--sleep-per-trial", "1.0"],
+        [*TUNE, spec, *common, "--n-trials", "50", "--sleep-per-trial", "2.0"],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -375,6 +375,21 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(tmp_path, moment):
     assert lines and lines[-1].startswith("interrupted"), lines
     wait_for(lambda: not workers_of_any(tmp_path), timeout_s=30)
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_ctrl_c_while_workers_start_is_held_until_they_have_started():
+    """Workers start with SIGINT blocked (a Ctrl-C to the whole group waits until they ignore it); a SIGINT to the
+    parent meanwhile is neither lost nor raised halfway through a start: it is raised once all have started."""
+    from sim.tuning.search import _starting_workers
+
+    show = "import signal; print(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, set())))"
+    with pytest.raises(KeyboardInterrupt), _starting_workers():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        started = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, check=True)
+    assert started.stdout.strip() == "[<Signals.SIGINT: 2>]"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
 
 
 def run_together(tmp_path: Path, journal: str, *flags: str) -> None:

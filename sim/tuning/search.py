@@ -312,6 +312,8 @@ def _worker_process(
 ) -> None:
     """One worker process: dies with its parent, stops on SIGTERM (its trial told FAIL), and hands a user error
     back to the parent as one line instead of a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers; a Ctrl-C kept pending is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent)  # until its trials start, SIGTERM ends a worker outright: it has written nothing yet
     try:
         spec, matrix = study_for(load_spec(spec_path), fold)
@@ -352,17 +354,19 @@ def _stop(procs: list[Any]) -> None:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Workers start with Ctrl-C ignored (it reaches the whole foreground group): the parent stops them itself."""
-    try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread: signals are not ours to change
+def _starting_workers() -> Iterator[None]:
+    """Workers start with SIGINT blocked, so that Ctrl-C (which reaches the whole foreground group) cannot land
+    in one before it ignores SIGINT: the parent stops them itself. A stop that reaches the parent meanwhile is
+    held until every worker has started (one cut short would be left half started), then raised."""
+    if threading.current_thread() is not threading.main_thread():  # signals are not ours to change
         yield
         return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with STOPS.handling():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's mask is what a worker inherits
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # one kept pending is held now
 
 
 def run_workers(
@@ -432,7 +436,7 @@ def _supervise(
     tally = Tally(on_finish=bar.update)
     messages: dict[int, str] = {}
     try:
-        with _sigint_ignored():
+        with _starting_workers():
             for proc in procs:
                 proc.start()
         for _, child_end in pipes:
