@@ -103,6 +103,66 @@ def test_measurements_taken_at_different_moments_pool_into_one(capsys):
         pool([parts[0], {**parts[1], "prompt_tokens": 64}])
 
 
+def stalled_width_1(monkeypatch, calls: int, stall_s: float = 0.03) -> None:
+    """The first `calls` width-1 verifies each stall `stall_s`, as when another process takes the core."""
+    import time
+
+    from sim.hardware.target import TorchTarget
+
+    real_verify = TorchTarget.verify
+    left = [calls]
+
+    def verify(self, proposal):
+        if not proposal and left[0] > 0:
+            left[0] -= 1
+            time.sleep(stall_s)
+        return real_verify(self, proposal)
+
+    monkeypatch.setattr(TorchTarget, "verify", verify)
+
+
+QUICK_MEASURE = dict(prompt_tokens=32, max_width=4, rounds=3, warmup=0, steps=(2, 4), prefill_lengths=(8, 16))
+
+
+def test_medians_that_give_a_width_no_device_time_are_measured_again(monkeypatch):
+    """S(1) stalled in the first 3 rounds puts the host gap S(1) - P above every S(w): 3 more rounds leave the
+    median stalled (6 samples, 3 stalled), 3 more settle it; the profile is valid and its notes say why."""
+    from sim.hardware.measure import device_times_positive, measure, profile_data
+    from sim.hardware.model import load_model
+
+    lm = load_model(arch="tiny", device="cpu")
+    stalled_width_1(monkeypatch, calls=3)
+    m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+    assert m["rounds"] == 9 and m["added_rounds"] == 6
+    assert sorted(m["sync_samples_ms"]["1"])[-3] > 30 > sorted(m["sync_samples_ms"]["1"])[-4]
+    assert device_times_positive(m["pipelined_samples_ms"], {int(w): v for w, v in m["sync_samples_ms"].items()})
+    data = profile_data(m, lm, "settled", "test")
+    assert "6 of those rounds added" in data["notes"] and "median of 9 rounds" in data["notes"]
+    assert profile_from_dict(data, "settled").max_width == 4
+
+
+def test_medians_that_never_settle_are_one_error_line(monkeypatch):
+    """A stall on every width-1 verify: 3 batches of rounds more, then a UserError that says what to do."""
+    from sim.errors import UserError
+    from sim.hardware.measure import measure
+    from sim.hardware.model import load_model
+
+    lm = load_model(arch="tiny", device="cpu")
+    stalled_width_1(monkeypatch, calls=10**6)
+    with pytest.raises(UserError, match=r"timings too noisy after 12 rounds: .* measure again on an idle machine"):
+        measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+
+
+def test_device_times_positive_follows_the_profile_rule():
+    """P > 0 and every S(w) above S(1) - P, with P taken as S(1) where it came out above (medians of samples)."""
+    from sim.hardware.measure import device_times_positive
+
+    assert device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [1.5, 1.6, 1.7]})  # gap 2.1 - 1.2 < 1.6
+    assert not device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [0.8, 0.85, 0.9]})  # 0.85 < gap 0.9
+    assert device_times_positive([5.0], {1: [2.0], 2: [0.5]})  # P above S(1): no gap, every S(w) > 0 counts
+    assert not device_times_positive([-0.1, -0.2, 0.3], {1: [2.0], 2: [2.5]})  # P <= 0
+
+
 def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
     """Scripted confirm on a bundled trace: a row per arm with measured and predicted speedup and their error, counters
     equal to replay's, parity, and all parameters and hashes in confirm.json; the markdown table has every row."""

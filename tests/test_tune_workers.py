@@ -1,7 +1,8 @@
 """Workers that die and workers side by side: real processes on real SQLite, journal and PostgreSQL storages.
 
 A killed worker's RUNNING trial is failed once its heartbeat goes stale and retried with the same parameters;
-no completed trial is lost. Several workers share an exact trial cap: no trial number lost or duplicated.
+no completed trial is lost; a live process whose trial was failed that way drops the trial and goes on.
+Several workers share an exact trial cap: no trial number lost or duplicated.
 Stopping the parent (SIGTERM, SIGINT, SIGKILL) stops its workers; a worker killed alone is named by its signal
 and the report is still written; Ctrl-C at any moment is one line and exit 130; invocations started together
 each add their own trials, with their own sampler seeds.
@@ -27,6 +28,10 @@ import sqlalchemy
 from conftest import ROOT
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+
+from sim.tune import main as tune_main
+from sim.tuning.evaluation import MatrixEvaluator
+from sim.tuning.storage import heartbeat, open_storage
 
 pytestmark = pytest.mark.slow  # every test here runs real worker processes
 
@@ -117,6 +122,46 @@ def test_a_worker_killed_mid_trial_is_failed_and_its_trial_retried(tmp_path, kin
     assert len(retries) == 1
     assert retries[0].state == TrialState.COMPLETE and retries[0].params == killed.params
     assert {n: after[n].value for n in completed} == completed
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_a_trial_failed_by_another_process_while_it_runs_is_dropped_and_the_run_goes_on(tmp_path, monkeypatch, kind):
+    """A process that stalls past the heartbeat grace finds its running trial failed by another process (which
+    reruns the parameters): it drops that trial's result, runs the rest, and ends as usual."""
+    monkeypatch.chdir(tmp_path)
+    storage = "sqlite:///runs/s.db" if kind == "sqlite" else "runs/s.journal.log"
+    real_evaluate = MatrixEvaluator.evaluate
+    failed: list[int] = []
+
+    def evaluate_then_fail_elsewhere(self, config):
+        rows = real_evaluate(self, config)
+        if not failed:  # what another worker's stale-trial check does to the trial that is running here
+            other = open_storage(storage, 10)
+            running = other.get_all_trials(other.get_study_id_from_name("tiny"), states=(TrialState.RUNNING,))
+            other.set_trial_state_values(running[0]._trial_id, TrialState.FAIL)
+            failed.append(running[0].number)
+        return rows
+
+    monkeypatch.setattr(MatrixEvaluator, "evaluate", evaluate_then_fail_elsewhere)
+    assert tune_main([str(spec_file(tmp_path)), "--n-trials", "4", "--storage", storage, "--no-plots"]) == 0
+    trials = open_study("tiny", storage if kind == "sqlite" else str(tmp_path / storage)).get_trials()
+    assert failed == [0]
+    assert [t.state for t in trials] == [TrialState.FAIL] + [TrialState.COMPLETE] * 3
+    assert "scores" not in trials[0].user_attrs and all("scores" in t.user_attrs for t in trials[1:])
+
+
+def test_a_heartbeat_due_after_the_trial_is_told_ends_quietly(tmp_path, monkeypatch):
+    """The heartbeat thread may wake just after the trial is told (or failed elsewhere): it stops, no traceback."""
+    thread_errors: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+    storage = open_storage(str(tmp_path / "s.journal.log"), 1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    with heartbeat(storage, trial._trial_id):
+        study.tell(trial, 1.0)
+        time.sleep(2.5)  # the beat due 1 s after the start finds the trial finished
+    assert thread_errors == []
+    assert study.trials[0].state == TrialState.COMPLETE
 
 
 def test_workers_on_one_machine_share_a_journal_and_an_exact_cap(tmp_path):
@@ -236,7 +281,7 @@ def start_workers(tmp_path: Path, n_trials: int, sleep_s: float) -> tuple[subpro
     journal = tmp_path / "s.journal.log"
     parent = subprocess.Popen(
         [*TUNE, str(spec_file(tmp_path)), "--storage", str(journal), "--workers", "2", "--n-trials", str(n_trials)]
-        + ["--sleep-per-trial", str(sleep_s), "--heartbeat", "1", "--no-plots"],
+        + ["--sleep-per-trial", str(sleep_s), "--no-plots"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
@@ -225,16 +226,20 @@ def trials(
             trial = ask_below(study, gate, limits.cap)
         if trial is None:
             return
+        # skip_if_finished: a process that stalls past the heartbeat grace finds its trial failed by another,
+        # which reruns the parameters; this one drops its result and goes on.
         with heartbeat(storage, trial._trial_id):
             try:
                 values = run_trial(trial, spec, matrix, sleep_s)
             except optuna.TrialPruned:
-                study.tell(trial, state=TrialState.PRUNED)
+                study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            except UpdateFinishedTrialError:
+                pass  # failed by another process while this one ran (see above)
             except BaseException:  # a bug, Ctrl-C or SIGTERM: the trial is failed, not left RUNNING
-                study.tell(trial, state=TrialState.FAIL)
+                study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                 raise
             else:
-                study.tell(trial, values)
+                study.tell(trial, values, skip_if_finished=True)
         tally.finish()
 
 

@@ -44,6 +44,7 @@ from urllib.parse import quote
 
 import optuna
 import sqlalchemy
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat  # the ABC optuna's fail_stale_trials checks for
 from optuna.storages.journal import JournalFileBackend
@@ -451,7 +452,10 @@ def heartbeat(storage: optuna.storages.BaseStorage, trial_id: int) -> Iterator[N
 
     def beat() -> None:
         while not stop.wait(storage.get_heartbeat_interval()):
-            storage.record_heartbeat(trial_id)
+            try:
+                storage.record_heartbeat(trial_id)
+            except UpdateFinishedTrialError:  # told while this beat was due, or failed as stale by another process
+                return
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
