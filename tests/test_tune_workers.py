@@ -150,6 +150,7 @@ def test_a_trial_failed_by_another_process_while_it_runs_is_dropped_and_the_run_
     assert "scores" not in trials[0].user_attrs and all("scores" in t.user_attrs for t in trials[1:])
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_a_heartbeat_due_after_the_trial_is_told_ends_quietly(tmp_path, monkeypatch):
     """The heartbeat thread may wake just after the trial is told (or failed elsewhere): it stops, no traceback."""
     thread_errors: list[object] = []
