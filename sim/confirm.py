@@ -3,9 +3,10 @@
 An interleaved A/B of plain decoding and policy arms on a real model, beside
 the simulator's prediction (sim/hardware/confirm.py). Writes OUT/confirm.json
 (every parameter, hash and sample) and OUT/confirm.md, neither of which may be
-one of the inputs. Traces, profile, arms and the traces' token ids are checked
-against the model's configuration before its weights are loaded; a progress bar
-on stderr estimates the time left.
+one of the inputs or replace an earlier result without --force. Traces,
+profile, arms and the traces' token ids are checked against the model's
+configuration before its weights are loaded; a progress bar on stderr
+estimates the time left.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for confirm.json and confirm.md"
     )
+    parser.add_argument("--force", action="store_true", help="replace a confirm.json or confirm.md already in --out")
     add_model_args(parser)
     return parser
 
@@ -80,7 +82,7 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     from sim.engine.replay import effective_max_tokens
     from sim.engine.trace import read_trace
     from sim.hardware.options import check_trace, require_torch
-    from sim.io import check_out_folder, refuse_inputs_as_outputs, same_file, write_atomic
+    from sim.io import check_out_file, check_out_folder, refuse_inputs_as_outputs, same_file, write_atomic
 
     bounded(args.reps, "--reps", 1, MAX_REPS)
     if args.max_tokens is not None:
@@ -90,6 +92,8 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     profile_path = resolve(args.profile)
     outputs = [out / "confirm.json", out / "confirm.md"]
     refuse_inputs_as_outputs(outputs, [*args.traces, profile_path, *args.config, *model_files(args)], "--out")
+    for path in outputs:
+        check_out_file(path, "--out", args.force)
     for i, path in enumerate(args.traces):
         if any(same_file(path, earlier) for earlier in args.traces[:i]):
             raise UserError(f"{path}: given twice as a trace (each trace is one set of rows)")

@@ -28,6 +28,8 @@ MAX_YAML_ALIASES = 100  # a hand-written spec needs few; nested ones can multipl
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Write through a temporary file in the same folder, then rename it into place: never half a file."""
     target = Path(path)
+    if target.exists() and not target.is_file():  # a rename would replace a FIFO or a device node with the file
+        raise UserError(f"{target} is not a regular file (a folder, a FIFO or a device?); nothing was written")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
@@ -198,6 +200,31 @@ def check_out_folder(path: str | os.PathLike[str], flag: str) -> Path:
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UserError(f"{flag} {out} is a file, not a folder")
+    return out
+
+
+def check_out_file(path: str | os.PathLike[str], flag: str, force: bool) -> Path:
+    """Before any work: a file a command will write is not a folder or a special file (a FIFO, a device), a new
+    file can be made where it goes, and one that exists is replaced only with --force. A run that ends in a
+    refused write would otherwise have been for nothing."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{flag} {out} is a folder; expected a file to write")
+    if out.exists() and not out.is_file():
+        raise UserError(f"{flag} {out} is not a regular file (a FIFO or a device?); choose another path")
+    if (out.exists() or out.is_symlink()) and not force:
+        raise UserError(f"{flag} {out} already exists; give --force to replace it, or choose another path")
+    folder = out.parent
+    while not folder.exists() and folder != folder.parent:  # write_atomic makes the missing folders
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"{flag} {out}: {folder} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".draftlab-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise UserError(f"{flag} {out}: no file can be written in {folder} ({err.strerror or err})") from None
     return out
 
 

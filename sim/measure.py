@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         "model on this machine; write a cost profile for sim.replay / sim.confirm.",
     )
     parser.add_argument("--out", type=cli.nonblank, required=True, metavar="PROFILE.yaml", help="profile file to write")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a profile file already at --out (never one of the inputs)"
+    )
     parser.add_argument("--name", help="profile name (default: the file name without .yaml)")
     parser.add_argument(
         "--prompt-tokens",
@@ -123,7 +126,7 @@ def _contexts(args: argparse.Namespace) -> list[int]:
 
 def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     """Every flag in its range and the output path usable, before torch is imported: (steps, prefill lengths)."""
-    from sim.io import refuse_inputs_as_outputs
+    from sim.io import check_out_file, refuse_inputs_as_outputs
 
     bounded(args.prompt_tokens, "--prompt-tokens", 2, MAX_CONTEXT)
     bounded(args.max_width, "--max-width", 1, MAX_WIDTH)
@@ -143,15 +146,18 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     for length in lengths:
         bounded(length, "--prefill-lengths: each length", 1, MAX_CONTEXT)
     check_model_args(args)
-    if args.name is not None and (not args.name.strip() or not args.name.isprintable() or len(args.name) > 200):
-        raise UserError(f"--name must be a printable profile name of 1..200 characters, got {args.name[:40]!r}")
-    out = Path(args.out)
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder; expected the profile file to write (PROFILE.yaml)")
-    if out.parent.exists() and not out.parent.is_dir():
-        raise UserError(f"--out {out}: {out.parent} is a file, not a folder")
-    refuse_inputs_as_outputs([out], model_files(args), "--out")
+    name = profile_name(args)
+    if not name.strip() or not name.isprintable() or len(name) > 200:
+        where = "--name" if args.name is not None else "the profile name from the --out file name (give --name)"
+        raise UserError(f"{where} must be a printable profile name of 1..200 characters, got {name[:40]!r}")
+    refuse_inputs_as_outputs([args.out], model_files(args), "--out")
+    check_out_file(args.out, "--out", args.force)
     return (steps[0], steps[1]), lengths
+
+
+def profile_name(args: argparse.Namespace) -> str:
+    """--name, or the --out file name without .yaml."""
+    return args.name if args.name is not None else Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
 
 
 def _measure(args: argparse.Namespace, argv: list[str]) -> int:
@@ -188,7 +194,7 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
         m = measure(
             lm, args.prompt_tokens, args.max_width, args.rounds, args.warmup, steps, lengths, args.prefill_rounds
         )
-    name = args.name or Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
+    name = profile_name(args)
     data = profile_data(m, lm, name, "python -m sim.measure " + shlex.join(argv))
     write_profile(args.out, data)
     sync = " ".join(f"{v:.3f}" for v in data["sync_ms"])
@@ -238,7 +244,7 @@ def _measure_grid(
     with _fits_in_memory(f"a prefill of {max(contexts)} tokens"):
         prefill = measure_prefill(lm, prompt, contexts, args.prefill_rounds, bar.update)
     bar.close()
-    name = args.name or Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
+    name = profile_name(args)
     data = grid_profile_data(by_context, prefill, lm, name, "python -m sim.measure " + shlex.join(argv))
     write_profile(args.out, data)
     for n, p_ms, sync in zip(data["contexts"], data["pipelined_ms"], data["sync_ms"], strict=True):

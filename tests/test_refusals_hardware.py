@@ -293,11 +293,49 @@ def m_out_onto_checkpoint(t: Path) -> Built:
     return measure.main, argv, [f"--out would overwrite {folder}/config.json, one of this command's inputs"]
 
 
+def m_out_exists(t: Path) -> Built:
+    path = text(t, "p.yaml", "an earlier profile\n")
+    return measure.main, _measure(t), [f"--out {path} already exists; give --force to replace it"]
+
+
+def m_out_is_fifo(t: Path) -> Built:
+    path = fifo(t, "p.yaml")
+    return measure.main, _measure(t, "--force"), [f"--out {path} is not a regular file"]
+
+
+def m_out_cannot_be_written(t: Path) -> Built:
+    # /proc takes no new file, even from root: found before measuring, not after
+    return measure.main, _measure(t, out="/proc/p.yaml"), ["--out /proc/p.yaml: no file can be written in /proc"]
+
+
+def m_name_from_out_empty(t: Path) -> Built:
+    return measure.main, _measure(t, out=str(t / ".yaml")), ["the profile name from the --out file name (give --name)"]
+
+
+def m_name_from_out_too_long(t: Path) -> Built:
+    out = str(t / f"{'x' * 230}.yaml")
+    return measure.main, _measure(t, out=out), ["the profile name from the --out file name", "1..200 characters"]
+
+
 def m_bad_name(t: Path) -> Built:
     return measure.main, _measure(t, "--name", "two\nlines"), ["--name must be a printable profile name"]
 
 
 # ---------------------------------------------------------------- sim.confirm
+
+
+def c_result_exists(t: Path) -> Built:
+    (t / "out").mkdir()
+    path = text(t / "out", "confirm.json", "{}\n")
+    argv = _confirm(t, [trace(t)], "--policies", "gated")
+    return confirm.main, argv, [f"--out {path} already exists; give --force to replace it"]
+
+
+def c_report_is_folder(t: Path) -> Built:
+    (t / "out" / "confirm.md").mkdir(parents=True)
+    text(t / "out", "confirm.json", "{}\n")  # with --force it could be replaced, but confirm.md never
+    argv = _confirm(t, [trace(t)], "--policies", "gated", "--force")
+    return confirm.main, argv, [f"--out {t / 'out' / 'confirm.md'} is a folder"]
 
 
 def c_missing_trace(t: Path) -> Built:
@@ -508,6 +546,11 @@ CASES: list = [
     m_out_is_folder,
     m_out_under_a_file,
     m_out_onto_checkpoint,
+    m_out_exists,
+    m_out_is_fifo,
+    m_out_cannot_be_written,
+    m_name_from_out_empty,
+    m_name_from_out_too_long,
     m_bad_name,
     pytest.param(
         _measure_flag("--prompt-tokens", "4090", "--prompt-tokens 4090", "needs 4130 positions; tiny has 4096"),
@@ -520,6 +563,8 @@ CASES: list = [
         marks=TORCH,
     ),
     # confirm
+    c_result_exists,
+    c_report_is_folder,
     c_missing_trace,
     c_bad_trace_line,
     c_fifo_trace,

@@ -199,6 +199,37 @@ def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
     table = (out / "confirm.md").read_text()
     assert "| trace | tokens | arm | tok/s | x measured | x per rep | x predicted | error (pts) |" in table
     assert table.count("| edit_json | 60 |") == 3
+    # The same command again would replace this result: refused before any run, unless --force.
+    argv = [str(trace), "--scripted", "--profile", str(profile), "--policies", "gated", "--reps", "1"]
+    argv += ["--max-tokens", "20", "--out", str(out), *MODEL]
+    capsys.readouterr()
+    assert confirm.main(argv) == 2 and "already exists; give --force" in capsys.readouterr().err
+    assert (out / "confirm.md").read_text() == table
+    assert confirm.main([*argv, "--force"]) == 0
+    assert [r["arm"] for r in json.loads((out / "confirm.json").read_text())["rows"]] == ["plain", "gated"]
+
+
+def test_measure_replaces_a_profile_only_with_force(profile, tmp_path, capsys):
+    """An existing profile is never measured over by mistake: exit 2 and the file as it was; --force replaces it."""
+    path = tmp_path / "again.yaml"
+    path.write_bytes(profile.read_bytes())
+    assert measure_cli.main(["--out", str(path), *QUICK, *MODEL]) == 2
+    assert "already exists; give --force to replace it" in capsys.readouterr().err
+    assert path.read_bytes() == profile.read_bytes()
+    assert measure_cli.main(["--out", str(path), "--force", *QUICK, *MODEL]) == 0
+    assert "--force" in yaml.safe_load(path.read_text())["source"] and load_profile(str(path)).name == "again"
+
+
+def test_a_result_is_never_renamed_over_a_fifo_or_a_device(tmp_path):
+    """write_atomic, under every result file: a target that is not a regular file stays as it was."""
+    from sim.errors import UserError
+    from sim.io import write_atomic
+
+    pipe = tmp_path / "pipe.yaml"
+    os.mkfifo(pipe)
+    with pytest.raises(UserError, match="is not a regular file"):
+        write_atomic(pipe, "x\n")
+    assert pipe.is_fifo() and [p.name for p in tmp_path.iterdir()] == ["pipe.yaml"]
 
 
 def test_confirm_with_model_tokens_checks_parity_with_the_recorded_trace(profile, tmp_path, capsys):
