@@ -20,6 +20,8 @@ from sim import cli
 from sim.errors import UserError
 from sim.hardware.options import (
     DEFAULT_MAX_WIDTH,
+    DEFAULT_PREFILL_LENGTHS,
+    DEFAULT_PROMPT_TOKENS,
     MAX_CONTEXT,
     MAX_PREFILL_LENGTHS,
     MAX_PREFILL_ROUNDS,
@@ -48,9 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prompt-tokens",
         type=int,
-        default=300,
         help=f"prefill length before the step and width measurements, 2..{MAX_CONTEXT} and within the model's "
-        "positions (default 300)",
+        f"positions (default {DEFAULT_PROMPT_TOKENS})",
     )
     parser.add_argument(
         "--max-width",
@@ -74,18 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--prefill-lengths",
-        default="32,128,256,384",
         metavar="N1,N2,...",
         help=f"prompt lengths timed for the prefill fit, 2..{MAX_PREFILL_LENGTHS} different ones, each "
-        f"1..{MAX_CONTEXT} (default 32,128,256,384)",
+        f"1..{MAX_CONTEXT} (default {DEFAULT_PREFILL_LENGTHS})",
     )
     parser.add_argument(
         "--contexts",
         metavar="N1,N2,...",
         help="measure P and S(1..W) after a prefill of each of these context lengths (increasing, each within the "
         "model's positions) and write a format-v2 profile whose costs follow the context; prefill is then timed at "
-        "these lengths and fitted (quadratic where the data supports it). Replaces --prompt-tokens and "
-        "--prefill-lengths",
+        "these lengths and fitted (quadratic where the data supports it). At least two lengths; replaces "
+        "--prompt-tokens and --prefill-lengths, which may then not be given",
     )
     parser.add_argument(
         "--prefill-rounds",
@@ -115,9 +115,10 @@ def _contexts(args: argparse.Namespace) -> list[int]:
     if args.contexts is None:
         return []
     contexts = _ints(args.contexts, "--contexts")
-    if contexts != sorted(set(contexts)) or len(contexts) > MAX_PREFILL_LENGTHS:
+    # One length would leave the prefill fit (a line through the prefill times at these lengths) undetermined.
+    if contexts != sorted(set(contexts)) or not 2 <= len(contexts) <= MAX_PREFILL_LENGTHS:
         raise UserError(
-            f"--contexts must be 1..{MAX_PREFILL_LENGTHS} increasing context lengths, got {args.contexts[:60]!r}"
+            f"--contexts must be 2..{MAX_PREFILL_LENGTHS} increasing context lengths, got {args.contexts[:60]!r}"
         )
     for n in contexts:
         bounded(n, "--contexts: each length", 2, MAX_CONTEXT)
@@ -128,6 +129,15 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     """Every flag in its range and the output path usable, before torch is imported: (steps, prefill lengths)."""
     from sim.io import check_out_file, refuse_inputs_as_outputs
 
+    # Defaults are filled in here, so that a flag --contexts replaces is refused only when the user gave it.
+    flags = {"--prompt-tokens": args.prompt_tokens, "--prefill-lengths": args.prefill_lengths}
+    given = [flag for flag, value in flags.items() if value is not None]
+    if args.contexts is not None and given:
+        raise UserError(f"--contexts replaces {' and '.join(given)}: give one or the other")
+    if args.prompt_tokens is None:
+        args.prompt_tokens = DEFAULT_PROMPT_TOKENS
+    if args.prefill_lengths is None:
+        args.prefill_lengths = DEFAULT_PREFILL_LENGTHS
     bounded(args.prompt_tokens, "--prompt-tokens", 2, MAX_CONTEXT)
     bounded(args.max_width, "--max-width", 1, MAX_WIDTH)
     bounded(args.rounds, "--rounds", 1, MAX_ROUNDS)

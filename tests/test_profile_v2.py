@@ -159,7 +159,7 @@ def test_a_bad_grid_is_one_error_naming_file_and_line(tmp_path, capsys, case, ch
         load_profile(str(path))
 
 
-@pytest.mark.parametrize("contexts", ["512,256", "256,256", "1,256", "a,b", "256," + "9" * 12])
+@pytest.mark.parametrize("contexts", ["512,256", "256,256", "1,256", "a,b", "256," + "9" * 12, "256"])
 def test_measure_refuses_a_bad_context_grid_before_loading_a_model(tmp_path, capsys, contexts):
     """`sim.measure --contexts` takes increasing lengths in range; anything else is one error line, nothing written."""
     from sim import measure as measure_cli
@@ -170,3 +170,15 @@ def test_measure_refuses_a_bad_context_grid_before_loading_a_model(tmp_path, cap
     )
     assert_refused(done, "--contexts")
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("flag", [["--prompt-tokens", "300"], ["--prefill-lengths", "32,64"]])
+def test_measure_refuses_a_flag_the_context_grid_replaces(tmp_path, capsys, flag):
+    """With --contexts, --prompt-tokens and --prefill-lengths mean nothing: given (even at their default), they are
+    refused rather than silently ignored."""
+    from sim import measure as measure_cli
+
+    argv = ["--arch", "tiny", "--contexts", "64,256", *flag, "--out", str(tmp_path / "g.yaml")]
+    done = run_main(measure_cli.main, argv, capsys)
+    assert_refused(done, f"--contexts replaces {flag[0]}: give one or the other")
+    assert not list(tmp_path.iterdir())

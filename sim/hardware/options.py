@@ -33,6 +33,8 @@ MAX_TOKENS = 1_000_000  # tokens per decode run (record --max-tokens, confirm --
 MAX_CONTEXT = 1 << 20  # positions of any context (measure --prompt-tokens, --prefill-lengths)
 MAX_TOP = 20  # record --top: candidates kept per token
 MAX_WIDTH = 128  # measure --max-width: widest verify forward
+DEFAULT_PROMPT_TOKENS = 300  # measure's prefill before the step and width timings
+DEFAULT_PREFILL_LENGTHS = "32,128,256,384"  # measure's prompt lengths for the prefill fit
 DEFAULT_MAX_WIDTH = 16  # measure's default: covers max_draft <= 15, every committed configuration (max_draft 9)
 MAX_ROUNDS = 10_000  # measure --rounds
 MAX_WARMUP = 1_000  # measure --warmup
