@@ -57,8 +57,8 @@ stopping:
   is written from the trials stored so far, then exit 130 (rerun the same command to continue). A stop that
   comes while a worker writes to the storage waits until that write is over, so no lock or half-told trial
   is left behind, and one that comes while workers start waits until they have; a second Ctrl-C does not
-  wait. Ctrl-C at any other moment: one `interrupted` line, exit
-  130. If the parent is killed outright, its workers get SIGTERM from the kernel and stop too.
+  wait. Ctrl-C at any other moment: one `interrupted` line, exit 130. If the parent is killed outright, its
+  workers get SIGTERM from the kernel and stop too.
 
 exit status:
   0 done; 1 a worker died (the error line says what killed it; the report is still written); 2 a usage or input
