@@ -124,22 +124,21 @@ def test_headroom_is_n_a_when_the_oracle_gains_nothing(capsys):
     assert headroom.split() == ["headroom", "n/a", "n/a"]
 
 
-def test_a_study_spec_refuses_the_oracle(tmp_path):
+@pytest.mark.parametrize(
+    ("policy_lines", "message"),
+    [
+        # searched as the study's policy
+        ("policy: oracle\n", r"spec.yaml:2: .*policy oracle is not causal"),
+        # the baseline, which the confirmation plan runs as the control on hardware
+        ("policy: gated\nbaseline: {policy: oracle}\n", r"spec.yaml:3: baseline: policy oracle is not causal"),
+    ],
+    ids=["policy", "baseline"],
+)
+def test_a_study_spec_refuses_the_oracle(tmp_path, policy_lines, message):
     spec = tmp_path / "spec.yaml"
     spec.write_text(
-        f"name: o\npolicy: oracle\nsearch_space:\n  max_draft: {{low: 2, high: 7}}\n"
+        f"name: o\n{policy_lines}search_space:\n  max_draft: {{low: 2, high: 7}}\n"
         f"traces: [{ROOT}/traces/email.jsonl]\nprofiles: [{PROFILE}]\n"
     )
-    with pytest.raises(StudyError, match=r"spec.yaml:2: .*policy oracle is not causal"):
-        load_spec(spec)
-
-
-def test_a_study_spec_refuses_the_oracle_as_baseline(tmp_path):
-    """A baseline is what the confirmation plan runs as the control on hardware: the oracle cannot be one."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        f"name: o\npolicy: gated\nsearch_space:\n  max_draft: {{low: 2, high: 7}}\nbaseline: {{policy: oracle}}\n"
-        f"traces: [{ROOT}/traces/email.jsonl]\nprofiles: [{PROFILE}]\n"
-    )
-    with pytest.raises(StudyError, match=r"spec.yaml:5: baseline: policy oracle is not causal"):
+    with pytest.raises(StudyError, match=message):
         load_spec(spec)
