@@ -43,14 +43,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 
 from sim import cli  # noqa: E402
-from sim.engine.config import PolicyConfig  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import CostProfile, load_profile  # noqa: E402
-from sim.engine.replay import require_widths, run_trace, time_trace_run  # noqa: E402
 from sim.engine.timing import recurrence_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
 from sim.hardware.arms import PLAIN, build_arms  # noqa: E402
 from sim.hardware.options import ARCH_NAMES, MAX_THREADS, require_torch  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
+from sim.rows.config import PolicyConfig  # noqa: E402
+from sim.rows.replay import require_widths, run_trace, time_trace_run  # noqa: E402
 
 POLICIES = "graded,gated"
 MAIN_CONTEXT = 400
@@ -98,8 +98,8 @@ def context_prediction(
     trace: Trace, config: PolicyConfig, costs: ContextSlopeCosts, max_tokens: int | None = None
 ) -> float:
     """Predicted speedup with context-dependent costs: the ordinary timing model on another cost function."""
-    result = run_trace(trace, config, max_tokens)
-    return time_trace_run(trace, result, costs, max_tokens, model=recurrence_timing).speedup
+    result = run_trace(trace, config, max_tokens=max_tokens)
+    return time_trace_run(trace, result, costs, max_tokens=max_tokens, model=recurrence_timing).speedup
 
 
 def main() -> int:

@@ -31,15 +31,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sim.core.errors import TraceError  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
 from sim.drafters.stream import Stream, World  # noqa: E402
-from sim.engine.config import PolicyConfig, load_config_file, make_config  # noqa: E402
+from sim.engine.actions import LoopResult  # noqa: E402
 from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
-from sim.engine.loop import LoopResult  # noqa: E402
-from sim.engine.replay import effective_max_tokens, geomean, run_trace, stopped_on_eos  # noqa: E402
 from sim.engine.timing import NO_JITTER, Jitter, recurrence_timing, time_run  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
-from sim.errors import TraceError  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
+from sim.rows.config import PolicyConfig, load_config_file, make_config  # noqa: E402
+from sim.rows.replay import effective_max_tokens, geomean, run_trace, stopped_on_eos  # noqa: E402
 
 DRAFTERS = ("lookup", "suffix")
 MODES = ("separate", "stream")
@@ -89,7 +89,13 @@ def gb10() -> list[str]:
 def timed(trace: Trace, result: LoopResult, config: PolicyConfig, profile: Profile, jitter: Jitter = NO_JITTER) -> Any:
     eos = stopped_on_eos(effective_max_tokens(trace, None), result.counters.generated)
     return time_run(
-        result, profile, len(trace.prompt_tokens), eos, jitter, recurrence_timing, drafting=config.drafter.host_cost()
+        result,
+        profile,
+        prompt_tokens=len(trace.prompt_tokens),
+        stopped_on_eos=eos,
+        jitter=jitter,
+        model=recurrence_timing,
+        drafting=config.drafter.host_cost(),
     )
 
 

@@ -1,7 +1,7 @@
 """How much of the hindsight oracle's headroom each governor takes: `python benchmarks/headroom.py`.
 
 Matrix: the bundled traces x the four GB10 profiles (as in studies/gated_gb10.yaml), every row replayed
-through the ordinary `sim.engine.replay.replay` (simpy timing). Configurations: every registered causal
+through the ordinary `sim.rows.replay.replay` (simpy timing). Configurations: every registered causal
 policy at its defaults, gated as tuned on exactly these rows (GATED_TUNED_ON_THESE_ROWS), the same policies
 tuned by their committed studies (studies/NAME_gb10/best.yaml, where one exists, whatever rows that study
 searched), and the oracle (`oracle`, not causal: the least time any governor could reach under the loop).
@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from policies import REGISTRY
-from sim.engine.config import PolicyConfig, make_config, read_config_file
+from sim.core.io import write_atomic
 from sim.engine.costs import Profile, load_profile
-from sim.engine.replay import ReplayRow, geomean, replay
 from sim.engine.trace import Trace, read_trace
-from sim.io import write_atomic
+from sim.rows.config import PolicyConfig, make_config, read_config_file
+from sim.rows.replay import ReplayRow, geomean, replay
 
 ROOT = Path(__file__).resolve().parent.parent
 GB10 = ("gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit")

@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from policies.base import register  # noqa: E402
 from policies.hedge import Hedge  # noqa: E402
-from sim.drafters.base import Drafter  # noqa: E402
-from sim.engine.config import make_config  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
+from sim.core.protocols import Draft  # noqa: E402
 from sim.engine.costs import bundled_profiles  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
+from sim.rows.config import make_config  # noqa: E402
 from sim.tuning.evaluation import MatrixEvaluator  # noqa: E402
 
 GOVERNORS = ("goodput", "regime", "floor", "hedge")
@@ -49,10 +49,9 @@ TARGET_PER_S = 50.0  # every online governor's target (benchmarks/tune_speed.py,
 class Floor(Hedge):
     """hedge's unavoidable work: goodput and regime fed on every iteration; plays goodput's width."""
 
-    def observe(self, context: Sequence[int], drafter: Drafter) -> None:
-        draft = drafter.draft(context, self.max_draft)
-        self.goodput.observe(context, drafter, draft)
-        self.regime.observe(context, drafter, draft.tokens)
+    def observe(self, context: Sequence[int], draft: Draft) -> None:
+        self.goodput.observe(context, draft)
+        self.regime.observe(context, draft)
         self.width = self.goodput.width
         self.pausing = self.goodput.pausing
 

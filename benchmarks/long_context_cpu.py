@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from sim import cli  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import profile_from_dict  # noqa: E402
 from sim.engine.trace import Trace, read_trace, write_trace  # noqa: E402
 from sim.hardware.arms import PLAIN, build_arms  # noqa: E402
 from sim.hardware.options import ARCH_NAMES, MAX_THREADS, require_torch  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
 
 POLICIES = "graded,gated"
 PROMPT_TOKENS = (2000, 4000)

@@ -26,11 +26,11 @@ from typing import TypedDict
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.engine.config import make_config  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import load_profile  # noqa: E402
-from sim.engine.replay import replay  # noqa: E402
 from sim.engine.trace import read_trace  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
+from sim.rows.config import make_config  # noqa: E402
+from sim.rows.replay import replay  # noqa: E402
 
 MATRIX = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "matrix-run1-probation-on-any-token.csv"
 TRACE_OF = {"edit_fn": "edit_fn", "edit_json": "edit_json", "summary": "summary", "write": "email", "story": "story"}

@@ -1,4 +1,4 @@
-"""Oracle speed: the hindsight oracle's exact schedule (sim/engine/oracle.py) for every bundled trace x GB10 profile.
+"""Oracle speed: the hindsight oracle's exact schedule (sim/engine/schedule.py) for every bundled trace x GB10 profile.
 
     python benchmarks/oracle_speed.py [--repeats 7] [--out results/benchmarks/oracle_speed.json]
 
@@ -25,14 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.engine.config import make_config  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
+from sim.core.params import LoopParams  # noqa: E402
 from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
-from sim.engine.loop import LoopParams  # noqa: E402
-from sim.engine.oracle import headroom_share, oracle_rows, trace_schedule  # noqa: E402
-from sim.engine.replay import drafter_for, effective_max_tokens, geomean, replay  # noqa: E402
+from sim.engine.schedule import trace_schedule  # noqa: E402
 from sim.engine.timing import recurrence_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
+from sim.rows.config import make_config  # noqa: E402
+from sim.rows.headroom import headroom_share, oracle_rows  # noqa: E402
+from sim.rows.replay import drafter_for, effective_max_tokens, geomean, replay  # noqa: E402
 
 
 def schedules_pass(traces: list[Trace], profiles: list[Profile], loop: LoopParams) -> float:

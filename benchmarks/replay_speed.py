@@ -24,12 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.engine.config import PolicyConfig, make_config  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
-from sim.engine.replay import replay, run_trace  # noqa: E402
 from sim.engine.timing import TimingModel, recurrence_timing, simpy_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
-from sim.io import write_atomic  # noqa: E402
+from sim.rows.config import PolicyConfig, make_config  # noqa: E402
+from sim.rows.replay import replay, run_trace  # noqa: E402
 
 POLICIES = ("graded", "gated")
 

@@ -6,8 +6,8 @@ repetitions:
 
 - evaluate:      sim.tuning.evaluation.MatrixEvaluator.evaluate, what a trial runs (loop once per trace,
                  the recurrence timing model per row)
-- replay_fast:   sim.engine.replay.replay(..., model=recurrence_timing) per row (the loop once per row)
-- replay_simpy:  sim.engine.replay.replay(...) per row, timed by the simpy model
+- replay_fast:   sim.rows.replay.replay(..., model=recurrence_timing) per row (the loop once per row)
+- replay_simpy:  sim.rows.replay.replay(...) per row, timed by the simpy model
 - study_sqlite / study_journal: one whole `sim.tune` worker (TPE sampling, storage writes, evaluation) on a
                  SQLite file and on a journal file, 200 trials each: what a study reaches end to end
 
@@ -44,12 +44,12 @@ from typing import Any
 
 import optuna
 
-from sim.engine.config import PolicyConfig, make_config
+from sim.core.errors import ConfigError
+from sim.core.io import write_atomic
 from sim.engine.costs import bundled_profiles
-from sim.engine.replay import replay
 from sim.engine.timing import TimingModel, recurrence_timing, simpy_timing
-from sim.errors import ConfigError
-from sim.io import write_atomic
+from sim.rows.config import PolicyConfig, make_config
+from sim.rows.replay import replay
 from sim.tuning.evaluation import MatrixEvaluator
 from sim.tuning.search import Limits, Tally, prepare, sampler_seed, work
 from sim.tuning.spec import StudySpec, load_spec

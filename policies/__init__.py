@@ -3,6 +3,6 @@
 # Each module registers its policy: mlxcel's governors (fixed, gated, graded, heuristic, off), online governors that
 # read the cost profile (goodput, hedge, regime, threshold) and the hindsight oracle (not causal: replay only).
 from . import fixed, gated, goodput, graded, hedge, heuristic, off, oracle, regime, threshold  # noqa: F401
-from .base import REGISTRY, Governor, policy_class, register
+from .base import REGISTRY, policy_class, register
 
-__all__ = ["REGISTRY", "Governor", "policy_class", "register"]
+__all__ = ["REGISTRY", "policy_class", "register"]

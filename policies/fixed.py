@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Governor, register
+from sim.core.protocols import Governor
+
+from .base import register
 
 
 @dataclass(frozen=True)
@@ -13,7 +15,7 @@ class FixedParams:
 
 
 @register("fixed")
-class Fixed(Governor):
+class Fixed(Governor[FixedParams]):
     Params = FixedParams
 
     def budget(self) -> int:

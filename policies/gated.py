@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.params import MAX_MAGNITUDE, MAX_SPAN, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_MAGNITUDE, MAX_SPAN, check_range, param
+from sim.core.protocols import Governor
 
-from .base import Governor, register
+from .base import register
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class GatedParams:
 
 
 @register("gated")
-class Gated(Governor):
+class Gated(Governor[GatedParams]):
     Params = GatedParams
 
     def __init__(self, params: GatedParams, max_draft: int):

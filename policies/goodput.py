@@ -3,112 +3,22 @@
 It scores every draft the lookup would make against the tokens that land, whether the draft was verified
 or not, in decayed acceptance counts per depth and bucket (where the match came from, its n-gram length,
 the run of tokens the lookup got right so far), shrunk toward pooled estimates; then it picks the width w maximising
-E(w)/C(w) on the bound cost profile, w = 0 meaning pause and pipeline. Also home of what regime and hedge
-share: the cost table and the draft tracker.
+E(w)/C(w) on the bound cost profile, w = 0 meaning pause and pipeline (policies/cost_table.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sim.drafters.base import OUTPUT
-from sim.engine.params import MAX_MAGNITUDE, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_MAGNITUDE, check_range, param
+from sim.core.protocols import OUTPUT, Draft, ForwardCosts, Governor
 
-from .base import Governor, register
-
-if TYPE_CHECKING:
-    from sim.drafters.base import Draft, Drafter
-    from sim.engine.timing import ForwardCosts
-
-# Cost tables are recomputed when the context has grown by this many tokens: costs move slowly with context
-# (docs/profiles.md), and pricing every width on every iteration would dominate a trial's time.
-COST_REFRESH_TOKENS = 64
-
-
-class CostTable:
-    """C(w) for w = 0..max_draft at the current context: C(0) = P = max(device_ms(1, n), host_gap_ms(n)), the
-    pipelined step's cost per token; C(w) = device_ms(w + 1, n) + host_gap_ms(n), a synchronous verify.
-    `resume_gaps` host gaps are added to every C(w >= 1) in `resume`: what a verify costs on top when the
-    iteration before it did not verify (docs/governors.md, section 8)."""
-
-    def __init__(self, costs: ForwardCosts, max_draft: int, resume_gaps: float = 0.0):
-        self.costs = costs
-        self.max_draft = max_draft
-        self.resume_gaps = resume_gaps
-        self.at = -COST_REFRESH_TOKENS  # context length the table was priced at
-        self.ms: list[float] = []
-        self.resume: list[float] = []
-        self.inverse: list[float] = []
-        self.inverse_resume: list[float] = []
-
-    def at_context(self, context: int) -> list[float]:
-        if context - self.at >= COST_REFRESH_TOKENS or context < self.at:
-            device, gap = self.costs.device_ms, self.costs.host_gap_ms(context)
-            pipelined = max(device(1, context), gap)
-            self.ms = [pipelined] + [device(w + 1, context) + gap for w in range(1, self.max_draft + 1)]
-            self.resume = [pipelined] + [ms + self.resume_gaps * gap for ms in self.ms[1:]]
-            # 1 / C(w): rates become products (this runs on every iteration that has a draft)
-            self.inverse = [1.0 / ms for ms in self.ms]
-            self.inverse_resume = [1.0 / ms for ms in self.resume]
-            self.at = context
-        return self.ms
-
-
-def best_width(survival: Sequence[float], ms: Sequence[float], cap: int, margin: float) -> int:
-    """argmax over w in 0..cap of E(w)/C(w), E(w) = 1 + sum of the first w survivals; every width is tried
-    (measured costs are not convex). A width > 0 wins only when its rate beats pausing's by `margin`
-    (relative); ties go to the narrower width."""
-    expected = 1.0
-    best, best_rate = 0, 0.0
-    for w in range(1, cap + 1):
-        expected += survival[w - 1]
-        rate = expected / ms[w]
-        if rate > best_rate:
-            best, best_rate = w, rate
-    return best if best_rate > (1.0 + margin) / ms[0] else 0
-
-
-class DraftTracker:
-    """One draft at a time, compared token by token with what lands after it (free: the tokens land anyway).
-
-    `follow(start, tokens, key)` starts tracking a draft made at context length `start`; `advance(context)`
-    compares the tokens landed since and returns (first depth compared, depths confirmed, rejected): depths
-    first+1..first+confirmed came true, and depth first+confirmed+1 was rejected when `rejected`. A draft is
-    settled at its first rejection or when all its tokens came true; `idle` is then true again. `run` counts
-    the landed tokens the lookup got right in a row, over consecutive tracked drafts: the accepted run so far.
-    """
-
-    def __init__(self) -> None:
-        self.start = 0
-        self.tokens: list[int] = []
-        self.key = 0
-        self.depth = 0  # depths compared so far
-        self.run = 0  # landed tokens the tracked drafts got right in a row, up to now
-
-    @property
-    def idle(self) -> bool:
-        return not self.tokens
-
-    def follow(self, start: int, tokens: list[int], key: int) -> None:
-        self.start, self.tokens, self.key, self.depth = start, tokens, key, 0
-
-    def advance(self, context: Sequence[int]) -> tuple[int, int, bool]:
-        first = self.depth
-        tokens, start = self.tokens, self.start
-        end = min(len(tokens), len(context) - start)
-        depth = first
-        while depth < end and context[start + depth] == tokens[depth]:
-            depth += 1
-        rejected = depth < end
-        self.depth = depth
-        self.run = 0 if rejected else self.run + depth - first
-        if rejected or depth == len(tokens):
-            self.tokens = []
-        return first, depth - first, rejected
-
+from .base import register
+from .cost_table import COST_REFRESH_TOKENS, CostTable
+from .tracker import DraftTracker
 
 BUCKETS = 32  # source (prompt, output) x matched n-gram length (1, 2, 3, 4+) x run so far (0, 1-3, 4-9, 10+)
 
@@ -141,10 +51,8 @@ class GoodputParams:
 
 
 @register("goodput")
-class Goodput(Governor):
+class Goodput(Governor[GoodputParams]):
     Params = GoodputParams
-    reads_costs = True
-    watches_context = True
 
     def __init__(self, params: GoodputParams, max_draft: int):
         super().__init__(params, max_draft)
@@ -160,7 +68,6 @@ class Goodput(Governor):
         self.pooled = list(self.priors)  # pooled estimate per depth, kept current by _learn
         self.shrink = params.shrink
         self.pause_gain = 1.0 + params.margin
-        self.draft_len = 0
         self.key = 0
         self.width = 0
         self.pausing = False  # chose w = 0 although the lookup had a draft
@@ -169,24 +76,20 @@ class Goodput(Governor):
     def bind(self, costs: ForwardCosts) -> None:
         self.table = CostTable(costs, self.max_draft, self.params.resume_gaps)
 
-    def observe(self, context: Sequence[int], drafter: Drafter, draft: Draft | None = None) -> None:
-        """`draft`: the drafter's answer for this context when the caller has it already (hedge asks the drafter
-        once for all its experts)."""
+    def observe(self, context: Sequence[int], draft: Draft) -> None:
         tracker = self.tracker
         if tracker.tokens and len(context) > tracker.start + tracker.depth:  # tokens landed where it predicted
             first, confirmed, rejected = tracker.advance(context)
             self._learn(tracker.key, first, confirmed, rejected)
-        if draft is None:
-            draft = drafter.draft(context, self.max_draft)
         tokens = draft.tokens
         if not tokens:  # most plain iterations: nothing to weigh
-            self.draft_len = self.width = 0
+            self.width = 0
             self.pausing = False
             self.resuming = True
             if not tracker.tokens:
                 tracker.run = 0  # a token the lookup offered nothing for ends the run
             return
-        n = self.draft_len = len(tokens)
+        n = len(tokens)
         run = tracker.run
         # The draft's bucket (see BUCKETS), inline: this runs on every iteration that has a draft.
         match = min(max(draft.match_length, 1), 4) - 1

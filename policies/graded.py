@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.params import MAX_MAGNITUDE, MAX_SPAN, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_MAGNITUDE, MAX_SPAN, check_range, param
+from sim.core.protocols import Governor
 
-from .base import Governor, register, round_half_away_from_zero
+from .base import register, round_half_away_from_zero
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class GradedParams:
 
 
 @register("graded")
-class Graded(Governor):
+class Graded(Governor[GradedParams]):
     Params = GradedParams
 
     def __init__(self, params: GradedParams, max_draft: int):

@@ -13,21 +13,19 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sim.engine.params import MAX_MAGNITUDE, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_MAGNITUDE, check_range, param
+from sim.core.protocols import Draft, ForwardCosts, Governor, settle
 
-from .base import Governor, register
+from .base import register
+from .cost_table import COST_REFRESH_TOKENS, CostTable
 from .gated import Gated, GatedParams
-from .goodput import COST_REFRESH_TOKENS, CostTable, Goodput, GoodputParams
+from .goodput import Goodput, GoodputParams
 from .graded import Graded, GradedParams
 from .heuristic import Heuristic, HeuristicParams
 from .regime import Regime, RegimeParams
-
-if TYPE_CHECKING:
-    from sim.drafters.base import Drafter
-    from sim.engine.timing import ForwardCosts
 
 FIXED_WIDTHS = (0, 1, 2, 3, 4, 6)  # and max_draft
 
@@ -44,17 +42,15 @@ class HedgeParams:
 
 
 @register("hedge")
-class Hedge(Governor):
+class Hedge(Governor[HedgeParams]):
     Params = HedgeParams
-    reads_costs = True
-    watches_context = True
 
     def __init__(self, params: HedgeParams, max_draft: int):
         super().__init__(params, max_draft)
         self.fixed = sorted({min(w, max_draft) for w in FIXED_WIDTHS} | {max_draft})
         self.fixed_for = [[min(w, k) for w in self.fixed] for k in range(max_draft + 1)]  # capped by a k-token draft
         # Experts that learn from their own rounds: asked every iteration, as the loop would ask them.
-        self.stateful: list[Governor] = [
+        self.stateful: list[Governor[Any]] = [
             Graded(GradedParams(), max_draft),
             Gated(GatedParams(), max_draft),
             Heuristic(HeuristicParams(), max_draft),
@@ -64,7 +60,7 @@ class Hedge(Governor):
         # Experts that learn from the context itself: they see every iteration's context and draft.
         self.goodput = Goodput(GoodputParams(), max_draft)
         self.regime = Regime(RegimeParams(), max_draft)
-        self.watchers: list[Governor] = [self.goodput, self.regime]
+        self.watchers: list[Governor[Any]] = [self.goodput, self.regime]
         self.names = [f"width{w}" for w in self.fixed] + ["graded", "gated", "heuristic", "goodput", "regime"]
         self.log_weights = [0.0] * len(self.names)
         self.probes: list[tuple[int, list[int]] | None] = [None] * len(self.stateful)
@@ -82,18 +78,17 @@ class Hedge(Governor):
         for expert in self.watchers:
             expert.bind(costs)
 
-    def observe(self, context: Sequence[int], drafter: Drafter) -> None:
+    def observe(self, context: Sequence[int], draft: Draft) -> None:
         if self.pending:
             self._settle(context)
         if any(self.probes):
             for i, probe in enumerate(self.probes):
                 if probe is not None:
                     self._settle_probe(i, probe, context)
-        draft = drafter.draft(context, self.max_draft)  # once, for hedge and both watchers
         tokens = draft.tokens
         goodput, regime = self.goodput, self.regime
-        goodput.observe(context, drafter, draft)
-        regime.observe(context, drafter, tokens)
+        goodput.observe(context, draft)  # the loop's one draft, shared with both watchers
+        regime.observe(context, draft)
         graded, gated, heuristic = self.asks
         budgets = [graded(), gated(), heuristic()]  # every iteration, as the loop calls budget()
         if not tokens:
@@ -163,15 +158,13 @@ class Hedge(Governor):
         return [scale * ms[w] / ((w if w < matched else matched) + 1) for w in range(len(ms))]
 
     def _settle_probe(self, i: int, probe: tuple[int, list[int]], context: Sequence[int]) -> None:
-        start, claims = probe
-        for j, claim in enumerate(claims):
-            if start + j >= len(context):
-                return
-            if context[start + j] != claim:
-                self.probes[i] = None
-                return
-        self.probes[i] = None
-        self.stateful[i].shadow_confirmed()
+        """The loop's step 1 for stateful expert i: its probe settles as the loop would settle it (`settle`)."""
+        expert = self.stateful[i]
+        confirmed = settle(probe, context, expert.shadow_confirm_length)
+        if confirmed is not None:
+            self.probes[i] = None
+        if confirmed:
+            expert.shadow_confirmed()
 
     def budget(self) -> int:
         return self.width

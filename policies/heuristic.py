@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.engine.params import MAX_SPAN, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_SPAN, check_range, param
+from sim.core.protocols import Governor
 
-from .base import Governor, register
+from .base import register
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class HeuristicParams:
 
 
 @register("heuristic")
-class Heuristic(Governor):
+class Heuristic(Governor[HeuristicParams]):
     Params = HeuristicParams
 
     def __init__(self, params: HeuristicParams, max_draft: int):

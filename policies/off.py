@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Governor, register
+from sim.core.protocols import Governor
+
+from .base import register
 
 
 @dataclass(frozen=True)
@@ -13,7 +15,7 @@ class OffParams:
 
 
 @register("off")
-class Off(Governor):
+class Off(Governor[OffParams]):
     Params = OffParams
 
     def budget(self) -> int:

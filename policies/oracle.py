@@ -1,18 +1,17 @@
 """`oracle`: the hindsight oracle, NOT CAUSAL. It knows the whole trace and answers each iteration from a schedule
-that `sim.engine.oracle.schedule` computed for it (docs/oracle.md): the least simulated time any governor could
+that `sim.engine.schedule.schedule` computed for it (docs/oracle.md): the least simulated time any governor could
 reach under the ordinary loop on one trace and profile. A bound to compare governors against, never a governor to
-run on hardware; replay sets its schedule before the run (`sim.engine.replay.run_trace`)."""
+run on hardware; replay sets its schedule before the run (`sim.rows.replay.run_trace`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .base import Governor, register
+from sim.core.protocols import Decision, ForwardCosts, Governor
 
-if TYPE_CHECKING:
-    from sim.engine.timing import ForwardCosts
+from .base import register
 
 
 @dataclass(frozen=True)
@@ -20,20 +19,10 @@ class OracleParams:
     pass
 
 
-@dataclass(frozen=True)
-class Decision:
-    """One iteration's answers: `budget()` and `probes_while_paused()` (which also forces a plain step to be
-    pipelined, docs/loop.md step 6)."""
-
-    budget: int
-    probes: bool
-
-
 @register("oracle")
-class Oracle(Governor):
+class Oracle(Governor[OracleParams]):
     Params = OracleParams
     causal = False
-    reads_costs = True  # the best schedule differs per profile
 
     def __init__(self, params: Any, max_draft: int):
         super().__init__(params, max_draft)
@@ -43,7 +32,7 @@ class Oracle(Governor):
         self.current = Decision(0, False)
 
     def bind(self, costs: ForwardCosts) -> None:
-        self.costs = costs
+        self.costs = costs  # the best schedule differs per profile
 
     def follow(self, script: Sequence[Decision]) -> None:
         """The decisions to answer, one per loop iteration, in order."""
@@ -52,7 +41,7 @@ class Oracle(Governor):
 
     def budget(self) -> int:
         if self.script is None:
-            raise RuntimeError("the oracle has no schedule: replay it through sim.engine.replay.run_trace")
+            raise RuntimeError("the oracle has no schedule: replay it through sim.rows.replay.run_trace")
         self.current = self.script[self.step]  # an IndexError here means the loop and the schedule disagree
         self.step += 1
         return self.current.budget

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sim.engine.params import MAX_MAGNITUDE, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_MAGNITUDE, check_range, param
+from sim.core.protocols import Draft, ForwardCosts, Governor
 
-from .base import Governor, register
-from .goodput import COST_REFRESH_TOKENS, CostTable, DraftTracker
-
-if TYPE_CHECKING:
-    from sim.drafters.base import Drafter
-    from sim.engine.timing import ForwardCosts
+from .base import register
+from .cost_table import COST_REFRESH_TOKENS, CostTable
+from .tracker import DraftTracker
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,8 @@ class RegimeParams:
 
 
 @register("regime")
-class Regime(Governor):
+class Regime(Governor[RegimeParams]):
     Params = RegimeParams
-    reads_costs = True
-    watches_context = True
 
     def __init__(self, params: RegimeParams, max_draft: int):
         super().__init__(params, max_draft)
@@ -79,11 +75,8 @@ class Regime(Governor):
         steady = p.to_copy / rate
         return steady + (b - steady) * (1.0 - rate) ** tokens
 
-    def observe(self, context: Sequence[int], drafter: Drafter, tokens: list[int] | None = None) -> None:
-        """`tokens`: the drafter's proposal for this context when the caller has it already (hedge asks the
-        drafter once for all its experts)."""
-        if tokens is None:
-            tokens = drafter.propose(context, self.max_draft)
+    def observe(self, context: Sequence[int], draft: Draft) -> None:
+        tokens = draft.tokens
         n = len(context)
         landed = n - self.seen
         self.seen = n

@@ -13,15 +13,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from sim.engine.params import MAX_SPAN, check_range, param
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import MAX_SPAN, check_range, param
+from sim.core.protocols import Draft, Governor
 
-from .base import Governor, register
-
-if TYPE_CHECKING:
-    from sim.drafters.base import Drafter
+from .base import register
 
 
 @dataclass(frozen=True)
@@ -39,21 +36,23 @@ class ThresholdParams:
 
 
 @register("threshold")
-class Threshold(Governor):
+class Threshold(Governor[ThresholdParams]):
     Params = ThresholdParams
-    watches_context = True
 
     def __init__(self, params: ThresholdParams, max_draft: int):
         super().__init__(params, max_draft)
         self.length = max_draft if params.draft_length is None else min(params.draft_length, max_draft)
+        # The most it ever proposes: the loop drafts for observe() at max_draft, so the draft it sees is exactly the
+        # drafter's answer at the draft length (a drafter such as suffix answers differently per length asked for).
+        self.max_draft = self.length
         self.rounds: deque[tuple[int, int]] = deque(maxlen=params.window)  # (proposed, accepted) per drafted round
         self.drafting = True
         self.offered = 0  # tokens the lookup offers at the current context
 
-    def observe(self, context: Sequence[int], drafter: Drafter) -> None:
+    def observe(self, context: Sequence[int], draft: Draft) -> None:
         # Drafted tokens are what the lookup offers, which may be fewer than the draft length; only the last
         # round before the reply's cap can propose fewer still (the loop cuts the budget there).
-        self.offered = len(drafter.propose(context, self.length)) if self.drafting else 0
+        self.offered = len(draft.tokens) if self.drafting else 0
 
     def budget(self) -> int:
         return self.length if self.drafting else 0

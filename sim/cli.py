@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from sim.errors import UserError
+from sim.core.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):

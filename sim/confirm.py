@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sim import cli
-from sim.errors import ProfileError, UserError
+from sim.core.errors import ProfileError, UserError
 from sim.hardware.options import MAX_REPS, MAX_TOKENS, add_model_args, bounded, check_model_args, model_files
 
 
@@ -78,11 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
+    from sim.core.io import check_out_file, check_out_folder, refuse_inputs_as_outputs, same_file, write_atomic
     from sim.engine.costs import load_profile, resolve
-    from sim.engine.replay import effective_max_tokens
     from sim.engine.trace import read_trace
     from sim.hardware.options import check_trace, require_torch
-    from sim.io import check_out_file, check_out_folder, refuse_inputs_as_outputs, same_file, write_atomic
+    from sim.rows.replay import effective_max_tokens
 
     bounded(args.reps, "--reps", 1, MAX_REPS)
     if args.max_tokens is not None:

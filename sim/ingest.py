@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sim import cli
+from sim.core.io import check_out_folder, write_atomic
 from sim.corpus import IngestError, check_text
 from sim.corpus.build import Built, Item, build, check_outputs, output_paths, staged, write
 from sim.corpus.chat import TEMPLATES, jsonl_items
@@ -26,7 +27,6 @@ from sim.corpus.manifest import manifest, text
 from sim.corpus.text import text_item
 from sim.corpus.tokenize import Tokenizer, load_tokenizer
 from sim.engine.timing import MAX_SEED
-from sim.io import check_out_folder, write_atomic
 
 MAX_TRACES = 1_000_000
 MAX_CONTEXT = 1000

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sim import cli
-from sim.errors import UserError
+from sim.core.errors import UserError
 from sim.hardware.options import (
     DEFAULT_MAX_WIDTH,
     DEFAULT_PREFILL_LENGTHS,
@@ -127,7 +127,7 @@ def _contexts(args: argparse.Namespace) -> list[int]:
 
 def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     """Every flag in its range and the output path usable, before torch is imported: (steps, prefill lengths)."""
-    from sim.io import check_out_file, refuse_inputs_as_outputs
+    from sim.core.io import check_out_file, refuse_inputs_as_outputs
 
     # Defaults are filled in here, so that a flag --contexts replaces is refused only when the user gave it.
     flags = {"--prompt-tokens": args.prompt_tokens, "--prefill-lengths": args.prefill_lengths}

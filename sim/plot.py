@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sim import cli
-from sim.errors import PlotError
-from sim.figures.rounds import read_rounds
+from sim.core.errors import PlotError
+from sim.core.io import check_out_folder, refuse_inputs_as_outputs
 from sim.figures.style import DPI, MAX_DPI, MIN_DPI, file_part
-from sim.io import check_out_folder, refuse_inputs_as_outputs
+from sim.rows.rounds import read_rounds
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sim import cli
-from sim.errors import UserError
+from sim.core.errors import UserError
 from sim.hardware.options import MAX_TOKENS, MAX_TOP, add_model_args, bounded, check_model_args, model_files
 
 if TYPE_CHECKING:
@@ -75,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _record(args: argparse.Namespace, argv: list[str]) -> int:
+    from sim.core.io import check_out_folder, refuse_inputs_as_outputs
     from sim.hardware.options import check_positions, check_prompt, require_torch
-    from sim.io import check_out_folder, refuse_inputs_as_outputs
 
     bounded(args.max_tokens, "--max-tokens", 1, MAX_TOKENS)
     bounded(args.top, "--top", 0, MAX_TOP)
@@ -115,8 +115,8 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _read_prompts(paths: list[str]) -> list[PromptFile]:
+    from sim.core.io import same_file
     from sim.hardware.prompts import read_prompt
-    from sim.io import same_file
 
     prompts: list[PromptFile] = []
     for path in paths:

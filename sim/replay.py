@@ -1,6 +1,6 @@
 """Replay recorded traces under any governor: `python -m sim.replay TRACE... --policy NAME`.
 
-For each trace, policy and cost profile, `sim.engine.replay` replays the trace
+For each trace, policy and cost profile, `sim.rows.replay` replays the trace
 through the round loop and times it and plain decoding on the profile; this
 module parses the command line and prints rows, tables or JSON.
 """
@@ -8,7 +8,6 @@ module parses the command line and prints rows, tables or JSON.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -17,28 +16,29 @@ from pathlib import Path
 
 from policies import REGISTRY, policy_class
 from sim import cli
+from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
+from sim.core.io import refuse_inputs_as_outputs, same_file, write_atomic
+from sim.core.params import MAX_SPAN, LoopParams, describe
 from sim.drafters.registry import parse_drafter, split_drafter
 from sim.drafters.stream import Stream, World, stream_order
-from sim.engine.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
 from sim.engine.costs import DEFAULT_PROFILE, Profile, bundled_profiles, load_profile, resolve
-from sim.engine.loop import LoopParams
-from sim.engine.oracle import headroom_share, time_regret
-from sim.engine.params import MAX_SPAN, describe
-from sim.engine.replay import (
+from sim.engine.timing import MAX_SEED, Jitter, speedup
+from sim.engine.trace import Trace, read_trace
+from sim.rows.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
+from sim.rows.headroom import headroom_share, row_oracle_ms, time_regret
+from sim.rows.replay import (
     DEFAULT_RISK_MARGIN,
     MAX_REPLY_TOKENS,
     ReplayRow,
+    Request,
     check_max_tokens,
     effective_max_tokens,
     geomean,
-    replay,
+    play,
+    require_oracle_drafter,
     require_widths,
 )
-from sim.engine.timing import MAX_SEED, Jitter, recurrence_timing
-from sim.engine.trace import Trace, read_trace
-from sim.errors import ConfigError, ProfileError, TraceError, UserError
-from sim.figures.rounds import Run, replay_rounds, rounds_text
-from sim.io import refuse_inputs_as_outputs, same_file, write_atomic
+from sim.rows.rounds import Run, rounds_text, run_record
 
 DEFAULT_POLICY = "gated"
 MAX_RISK_MARGIN = 1000.0  # logits: margins between the two best are a few units, never thousands
@@ -212,7 +212,7 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     return [(config, config.label()) for config in configs]
 
 
-def _human(row: ReplayRow, best: dict[OracleKey, ReplayRow] | None = None) -> str:
+def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
     c = row.counters
     text = (
         f"{row.trace.name} | {row.label} | {row.profile.name}\n"
@@ -229,17 +229,15 @@ def _human(row: ReplayRow, best: dict[OracleKey, ReplayRow] | None = None) -> st
             f"{row.risk_margin:g}"
         )
     if best is not None and _causal(row.config):
-        oracle = best[_oracle_key(row)]
+        oracle_ms = best[_oracle_key(row)]
         text += (
-            f"\n[Oracle, not causal] time={oracle.time_ms:.1f} ms speedup={oracle.speedup:.3f}x  "
-            f"this run's regret={row.time_ms / oracle.time_ms - 1:.1%}"
+            f"\n[Oracle, not causal] time={oracle_ms:.1f} ms speedup={speedup(row.plain_time_ms, oracle_ms):.3f}x  "
+            f"this run's regret={row.time_ms / oracle_ms - 1:.1%}"
         )
     return text
 
 
-def _table(
-    rows: list[ReplayRow], labels: list[str], profile: str, best: dict[OracleKey, ReplayRow] | None = None
-) -> str:
+def _table(rows: list[ReplayRow], labels: list[str], profile: str, best: dict[OracleKey, float] | None = None) -> str:
     width = max(12, *(len(label) + 2 for label in labels))
     name_width = max(10, *(len(r.trace.name) for r in rows))
     out = [
@@ -287,22 +285,17 @@ def _refuse_misused_oracle(args: argparse.Namespace, configs: list[PolicyConfig]
             "--jitter cannot be combined with the oracle: its schedule is the best one without noise "
             "(docs/oracle.md); drop --jitter, or the oracle"
         )
-    other = next((config.drafter.name for config in configs if not config.drafter.is_default), None)
-    if other is not None:
-        raise ConfigError(
-            f"the oracle is defined for the default prompt-lookup drafter only, not drafter {other} "
-            "(docs/oracle.md); drop --oracle and oracle, or the drafter"
-        )
+    for config in configs:
+        require_oracle_drafter(config.drafter, "drop --oracle and oracle, or the drafter")
 
 
-def _oracle_rows(rows: list[ReplayRow], max_tokens: int | None) -> dict[OracleKey, ReplayRow]:
-    """Per row, the oracle under the row's own loop parameters (an oracle row in the list is its own)."""
-    best = {_oracle_key(r): r for r in rows if r.config.policy == "oracle"}
+def _oracle_rows(rows: list[ReplayRow]) -> dict[OracleKey, float]:
+    """Per row, the oracle's time under the row's own loop parameters (docs/oracle.md)."""
+    best: dict[OracleKey, float] = {}
     for row in rows:
         key = _oracle_key(row)
         if key not in best:
-            config = make_config("oracle", dataclasses.asdict(row.config.loop))
-            best[key] = replay(row.trace, config, row.profile, max_tokens, model=recurrence_timing)
+            best[key] = row_oracle_ms(row)
     return best
 
 
@@ -310,14 +303,18 @@ def _share(share: float) -> str:
     return "n/a" if math.isnan(share) else f"{share:.1%}"  # nan: the oracle gains nothing, so there is no headroom
 
 
-def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, ReplayRow], name_width: int) -> list[str]:
+def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, float], name_width: int) -> list[str]:
     """Per policy: the share of the oracle's headroom it captures and its time regret (docs/oracle.md)."""
     width = max(12, *(len(column[0].label) + 2 for column in columns))
     shares, regrets = [], []
     for column in columns:
         oracle = [best[_oracle_key(r)] for r in column]
-        shares.append(headroom_share([r.speedup for r in column], [o.speedup for o in oracle]))
-        regrets.append(time_regret([r.time_ms for r in column], [o.time_ms for o in oracle]))
+        shares.append(
+            headroom_share(
+                [r.speedup for r in column], [speedup(r.plain_time_ms, o) for r, o in zip(column, oracle, strict=True)]
+            )
+        )
+        regrets.append(time_regret([r.time_ms for r in column], oracle))
     return [
         f"{'headroom':<{name_width}} {'':>6} " + "".join(f"{_share(s):>{width}}" for s in shares),
         f"{'regret':<{name_width}} {'':>6} " + "".join(f"{r:>{width}.1%}" for r in regrets),
@@ -421,34 +418,31 @@ def _replay(args: argparse.Namespace) -> int:
     for profile in profiles:
         for trace, world in zip(traces, worlds, strict=True):
             for config, label in arms:
-                if world is not None:
-                    row = replay(
-                        trace,
-                        config,
-                        profile,
-                        args.max_tokens,
-                        jitter,
-                        risk_margin=risk_margin,
-                        label=label,
-                        world=world,
-                    )
-                elif args.rounds_out:
-                    row, run = replay_rounds(
-                        trace, config, profile, args.max_tokens, jitter, risk_margin=risk_margin, label=label
-                    )
-                    runs.append(run)
-                else:
-                    row = replay(trace, config, profile, args.max_tokens, jitter, risk_margin=risk_margin, label=label)
+                request = Request(
+                    trace=trace,
+                    config=config,
+                    profile=profile,
+                    max_tokens=args.max_tokens,
+                    jitter=jitter,
+                    risk_margin=risk_margin,
+                    label=label,
+                    world=world,
+                )
+                keep = bool(args.rounds_out) and world is None
+                played = play(request, keep_iterations=keep)
+                if keep:
+                    runs.append(run_record(played))
+                row = played.row
                 rows.append(row)
     if args.rounds_out:
         write_atomic(args.rounds_out, rounds_text(runs))
     note = _margins_note(traces) if args.risk_margin is not None else None
     if note:
         print(note, file=sys.stderr)
-    best = _oracle_rows(rows, args.max_tokens) if args.oracle or any(not _causal(c) for c in configs) else None
+    best = _oracle_rows(rows) if args.oracle or any(not _causal(c) for c in configs) else None
     if args.json:
         for row in rows:
-            extra = {"oracle_time_ms": best[_oracle_key(row)].time_ms} if best is not None and args.oracle else {}
+            extra = {"oracle_time_ms": best[_oracle_key(row)]} if best is not None and args.oracle else {}
             print(json.dumps({**row.as_dict(), **extra}, sort_keys=True, allow_nan=False))
     elif len(arms) > 1:
         labels = [label for _, label in arms]

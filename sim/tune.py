@@ -155,8 +155,8 @@ def _tune(args: argparse.Namespace) -> int:
         import optuna
         import sqlalchemy
 
+        from sim.core.io import check_out_folder, refuse_inputs_as_outputs
         from sim.engine.costs import resolve
-        from sim.io import check_out_folder, refuse_inputs_as_outputs
         from sim.tuning.evaluation import MatrixEvaluator
         from sim.tuning.report import FIGURES, write_report
         from sim.tuning.search import Limits, prepare, run_workers

@@ -9,13 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import REGISTRY
-from sim.engine.config import make_config
+from sim.core.errors import ConfigError
+from sim.drafters.lookup import PromptLookup
+from sim.engine.actions import READ, STEP
 from sim.engine.costs import load_profile
-from sim.engine.lookup import PromptLookup
-from sim.engine.loop import READ, STEP, TraceTarget, run
-from sim.engine.replay import replay
-from sim.engine.trace import read_trace
-from sim.errors import ConfigError
+from sim.engine.mlxcel import run
+from sim.engine.trace import TraceTarget, read_trace
+from sim.rows.config import make_config
+from sim.rows.replay import replay
 
 # The oracle answers from a schedule computed from the whole trace first: tests/test_oracle.py holds it to these
 # invariants through the ordinary replay.

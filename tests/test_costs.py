@@ -14,8 +14,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
+from sim.core.errors import ProfileError
 from sim.engine.costs import BUNDLED, DEFAULT_PROFILE, bundled_profiles, load_profile, profile_from_dict
-from sim.errors import ProfileError
 
 REFERENCE = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "verify_width_cost.txt"
 
@@ -251,9 +251,9 @@ def test_cost_bounds_hold_for_profiles_built_in_code():
 def test_extreme_valid_profiles_give_finite_rows():
     """At the edges of the bounds (1e-6 and 1e6 ms, prefill 1e6 ms) every number of a row is finite, so `--json`
     never needs NaN or Infinity."""
-    from sim.engine.config import make_config
-    from sim.engine.replay import replay
     from sim.engine.trace import read_trace
+    from sim.rows.config import make_config
+    from sim.rows.replay import replay
 
     trace = read_trace(ROOT / "traces" / "email.jsonl")
     for raw in (

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from conftest import BUNDLED_TRACES, ROOT, assert_refused, run_main
 
-from sim.drafters.base import GLOBAL, OUTPUT, PROMPT
+from sim.core.protocols import GLOBAL, OUTPUT, PROMPT
 from sim.drafters.stream import Stream, World
 from sim.drafters.suffix import SuffixDrafter, SuffixParams
-from sim.engine.config import make_config, read_config_file
+from sim.engine.actions import READ, STEP
 from sim.engine.costs import DEFAULT_PROFILE, load_profile
-from sim.engine.loop import READ, STEP
-from sim.engine.replay import replay, run_trace
 from sim.engine.timing import NO_JITTER, Jitter, recurrence_timing, simpy_timing, time_run
 from sim.engine.trace import read_trace
 from sim.replay import main as replay_main
+from sim.rows.config import make_config, read_config_file
+from sim.rows.replay import replay, run_trace
 from sim.tune import main as tune_main
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
@@ -320,11 +320,14 @@ def test_drafting_host_cost_in_both_timing_models():
         prompt = len(trace.prompt_tokens)
         result = run_trace(trace, make_config("gated", {"drafter": "suffix"}))
         for jitter in (NO_JITTER, Jitter(0.05, 7)):
-            free = time_run(result, profile, prompt, True, jitter, recurrence_timing)
-            zero = time_run(result, profile, prompt, True, jitter, simpy_timing, drafting=(0.0, 0.0))
+            common = {"prompt_tokens": prompt, "stopped_on_eos": True, "jitter": jitter}
+            free = time_run(result, profile, **common, model=recurrence_timing)
+            zero = time_run(result, profile, **common, model=simpy_timing, drafting=(0.0, 0.0))
             assert free.time_ms == zero.time_ms
-            slow = time_run(result, profile, prompt, True, jitter, simpy_timing, True, (0.25, 0.5))
-            fast = time_run(result, profile, prompt, True, jitter, recurrence_timing, True, (0.25, 0.5))
+            slow = time_run(result, profile, **common, model=simpy_timing, keep_host_times=True, drafting=(0.25, 0.5))
+            fast = time_run(
+                result, profile, **common, model=recurrence_timing, keep_host_times=True, drafting=(0.25, 0.5)
+            )
             assert slow.timing.host_ms == fast.timing.host_ms and slow.time_ms == fast.time_ms
             assert slow.plain_ms == free.plain_ms  # plain decoding drafts nothing
             assert slow.time_ms > free.time_ms
@@ -423,7 +426,7 @@ def test_study_searches_drafter_and_governor_parameters(tmp_path, monkeypatch, c
 
 
 def test_spec_refuses_drafter_parameters_without_a_drafter(tmp_path):
-    from sim.errors import StudyError
+    from sim.core.errors import StudyError
     from sim.tuning.spec import load_spec
 
     path = tmp_path / "s.yaml"
@@ -446,7 +449,8 @@ def test_a_live_drafter_decodes_as_replay_does(drafter):
     """A live drafter (its own tree, extended as tokens land, as on hardware) gives the loop the very counters and
     actions of replay's drafter indexed over the whole trace."""
     from sim.drafters.registry import live_drafter
-    from sim.engine.loop import TraceTarget, run
+    from sim.engine.mlxcel import run
+    from sim.engine.trace import TraceTarget
 
     for path in BUNDLED_TRACES:
         trace = read_trace(path)

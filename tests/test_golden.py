@@ -11,10 +11,10 @@ from conftest import BUNDLED_TRACES, ROOT
 
 sys.path.insert(0, str(ROOT))  # run as a script, the repository is not on the path
 
-from sim.engine.config import make_config, split_variant  # noqa: E402
 from sim.engine.costs import bundled_profiles, load_profile  # noqa: E402
-from sim.engine.replay import replay  # noqa: E402
 from sim.engine.trace import read_trace  # noqa: E402
+from sim.rows.config import make_config, split_variant  # noqa: E402
+from sim.rows.replay import replay  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "replay_gb10.json"
 # The five baselines plus the two gated variants measured on hardware.

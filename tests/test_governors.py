@@ -6,9 +6,9 @@ import pytest
 
 from policies import policy_class
 from policies.base import round_half_away_from_zero
-from sim.engine.config import make_config
-from sim.engine.params import build_params
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import build_params
+from sim.rows.config import make_config
 
 
 def governor(name, max_draft=7, **settings):

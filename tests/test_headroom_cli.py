@@ -9,16 +9,16 @@ import pytest
 from conftest import BUNDLED_TRACES, ROOT, assert_refused, run_main
 
 from sim import confirm, plot
-from sim.engine.config import make_config
+from sim.core.errors import StudyError
 from sim.engine.costs import load_profile
-from sim.engine.oracle import headroom_share, oracle_rows, time_regret
-from sim.engine.replay import replay
 from sim.engine.timing import recurrence_timing
 from sim.engine.trace import read_trace
-from sim.errors import StudyError
 from sim.figures.replay_figures import gap_figure, timeline_figure
-from sim.figures.rounds import read_rounds
 from sim.replay import main
+from sim.rows.config import make_config
+from sim.rows.headroom import headroom_share, oracle_rows, time_regret
+from sim.rows.replay import replay
+from sim.rows.rounds import read_rounds
 from sim.tuning.spec import load_spec
 
 PROFILE = "gb10-qwen3-8b-4bit"

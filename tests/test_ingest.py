@@ -23,12 +23,12 @@ from sim import replay as replay_cli
 from sim.corpus import build as build_module
 from sim.corpus.build import staged
 from sim.corpus.git import KINDS
-from sim.engine.config import make_config
 from sim.engine.costs import DEFAULT_PROFILE, load_profile
-from sim.engine.replay import replay
 from sim.engine.timing import recurrence_timing
 from sim.engine.trace import read_trace
 from sim.hardware.tokenizer import GPT2_EOS, load_gpt2
+from sim.rows.config import make_config
+from sim.rows.replay import replay
 
 CORPUS = ROOT / "traces" / "corpus"
 GIT_ENV = {

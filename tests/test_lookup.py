@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.lookup import PromptLookup, scan
+from sim.drafters.lookup import PromptLookup, scan
 
 # docs/lookup.md section 3, every example: (context, (ngram_max, ngram_min, max_draft), proposal).
 EXAMPLES = [

@@ -3,12 +3,14 @@
 import pytest
 from conftest import BUNDLED_TRACES
 
-from policies import Governor
-from sim.engine.config import make_config
-from sim.engine.lookup import PromptLookup
-from sim.engine.loop import READ, STEP, LoopParams, TraceTarget, run, settle
-from sim.engine.replay import run_trace
-from sim.engine.trace import read_trace
+from sim.core.params import LoopParams
+from sim.core.protocols import Governor, settle
+from sim.drafters.lookup import PromptLookup
+from sim.engine.actions import READ, STEP
+from sim.engine.mlxcel import run
+from sim.engine.trace import TraceTarget, read_trace
+from sim.rows.config import make_config
+from sim.rows.replay import run_trace
 
 # docs/loop.md section 5, "copy, break, copy": the prompt 100..119, a reply that copies 100 101, breaks with 999, then
 # copies 102..119.

@@ -9,15 +9,16 @@ import random
 import pytest
 from conftest import BUNDLED_TRACES
 
-from policies import REGISTRY, Governor
-from policies.goodput import CostTable, best_width
-from sim.engine.config import make_config
+from policies import REGISTRY
+from policies.cost_table import CostTable, best_width
+from sim.core.errors import ConfigError
+from sim.core.protocols import Governor
+from sim.drafters.lookup import PromptLookup
 from sim.engine.costs import CostProfile, load_profile
-from sim.engine.lookup import PromptLookup
-from sim.engine.loop import TraceTarget, run
-from sim.engine.replay import drafter_for, run_trace
-from sim.engine.trace import read_trace
-from sim.errors import ConfigError
+from sim.engine.mlxcel import run
+from sim.engine.trace import TraceTarget, read_trace
+from sim.rows.config import make_config
+from sim.rows.replay import drafter_for, run_trace
 
 GB10 = ["gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit"]
 CAUSAL = sorted(name for name, cls in REGISTRY.items() if cls.causal)
@@ -25,6 +26,11 @@ CAUSAL = sorted(name for name, cls in REGISTRY.items() if cls.causal)
 # device d(w) = S(w) - g. P = max(d(1), g) = 10 and C(w) = d(w + 1) + g = S(w + 1) = 15, 19, 31, 21, 26 for
 # w = 1..5: a width-5 forward (w = 4) costs less than a width-4 one (w = 3), so costs are not convex.
 BUMPY = CostProfile("bumpy", 10.0, (11.0, 15.0, 19.0, 31.0, 21.0, 26.0), prefill_fixed_ms=5.0)
+
+
+def observe(governor, context, drafter):
+    """What the loop does for a governor that watches the context: one draft at its max_draft, then observe."""
+    governor.observe(context, drafter.draft(context, governor.max_draft))
 
 
 def decisions(result, before: int) -> list[tuple[int, bool]]:
@@ -70,13 +76,13 @@ def test_decisions_before_k_do_not_depend_on_tokens_from_k_on(policy, trace_path
 
 
 class Peeking(Governor):
-    """Not causal on purpose: its budget is a function of the next 8 tokens, read from the lookup's index."""
+    """Not causal on purpose: its budget is a function of the next 8 tokens, read from the whole recorded context."""
 
     Params = type(None)
-    watches_context = True
+    future: tuple[int, ...] = ()  # the trace's whole context, set by the test
 
-    def observe(self, context, drafter):
-        self.next_budget = 1 + sum(drafter.context[len(context) : len(context) + 8]) % 7
+    def observe(self, context, draft):
+        self.next_budget = 1 + sum(self.future[len(context) : len(context) + 8]) % 7
 
     def budget(self):
         return self.next_budget
@@ -92,7 +98,9 @@ def test_the_causality_check_catches_a_governor_that_looks_ahead():
     def run_on(t):
         target = TraceTarget(t.tokens, t.eos_id, t.stop == "eos")
         drafter = drafter_for(t, loop.ngram_min, loop.ngram_max)
-        return run(target, Peeking(None, 7), loop, t.prompt_tokens, t.max_tokens, drafter, keep_iterations=True)
+        peeking = Peeking(None, 7)
+        peeking.future = (*t.prompt_tokens, *t.tokens)
+        return run(target, peeking, loop, t.prompt_tokens, t.max_tokens, drafter, keep_iterations=True)
 
     before = decisions(run_on(trace), k)
     assert before != decisions(run_on(with_new_tail(trace, k, seed=k)), k)[: len(before)]
@@ -116,7 +124,7 @@ def test_best_width_takes_the_argmax_over_every_width_of_non_convex_costs():
 def goodput_at(context, profile, **values):
     """A fresh goodput bound to `profile` that has observed `context` (the lookup over it, n-grams 1..3)."""
     g = make_config("goodput", {"ngram_min": 1, **values}).governor(profile)
-    g.observe(context, PromptLookup(1, 3, context))
+    observe(g, context, PromptLookup(1, 3, context))
     return g
 
 
@@ -153,7 +161,7 @@ def test_goodput_learns_each_depth_from_landed_tokens():
     context = [1, 2, 3, 4, 5, 6, 7, 1]
     g = goodput_at(context, BUMPY, max_draft=5)
     lookup = PromptLookup(1, 3, context)
-    g.observe([*context, 2, 3, 9], lookup)
+    observe(g, [*context, 2, 3, 9], lookup)
     assert g.pooled_tries[:4] == [1.0, 1.0, 1.0, 0.0]
     assert g.pooled_hits[:4] == [1.0, 1.0, 0.0, 0.0]
     assert g.tracker.run == 0  # the miss ended the run of 2
@@ -208,12 +216,12 @@ def test_regime_belief_moves_by_bayes_and_the_switch():
     context = [1, 2, 3, 4, 5, 6, 7, 1]
     g = make_config("regime", {"ngram_min": 1, "max_draft": 5}).governor(BUMPY)
     lookup = PromptLookup(1, 3, context)
-    g.observe(context, lookup)
+    observe(g, context, lookup)
     assert g.belief == 0.5
-    g.observe([*context, 2], lookup)
+    observe(g, [*context, 2], lookup)
     hit = 18 / 19 * 0.95 + 1 / 19 * 0.02
     assert g.belief == pytest.approx(hit, abs=1e-12)
-    g.observe([*context, 2, 9], lookup)
+    observe(g, [*context, 2, 9], lookup)
     posterior = hit * 0.1 / (hit * 0.1 + (1 - hit) * 0.95)
     assert g.belief == pytest.approx(posterior * 0.95 + (1 - posterior) * 0.02, abs=1e-12)
 
@@ -244,12 +252,12 @@ def test_threshold_rate_over_the_window_turns_it_off_for_good():
     lookup = PromptLookup(1, 3, context)
     g = make_config("threshold", {"window": 3, "threshold": 0.5}).governor()
     for accepted, budget_after in ((7, 7), (0, 7), (0, 0)):
-        g.observe(context, lookup)
+        observe(g, context, lookup)
         assert g.budget() == 7
         g.record(accepted)
-        g.observe(context, lookup)
+        observe(g, context, lookup)
         assert g.budget() == budget_after
-    g.observe(context, lookup)
+    observe(g, context, lookup)
     assert g.budget() == 0
 
 
@@ -258,7 +266,7 @@ def test_threshold_counts_what_the_lookup_offered():
     context = [5, 6, 7, 5]  # the draft is 6, 7, 5
     lookup = PromptLookup(1, 3, context)
     g = make_config("threshold", {"window": 1, "threshold": 0.9}).governor()
-    g.observe(context, lookup)
+    observe(g, context, lookup)
     g.record(3)
     assert g.budget() == 7
 

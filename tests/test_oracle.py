@@ -12,15 +12,17 @@ from hypothesis import strategies as st
 from test_contract import check_run
 
 from policies import REGISTRY, policy_class
-from policies.oracle import Decision, Oracle, OracleParams
-from sim.engine.config import make_config
+from policies.oracle import Oracle, OracleParams
+from sim.core.errors import ConfigError
+from sim.core.protocols import Decision, reads_costs
 from sim.engine.costs import CostProfile, load_profile
-from sim.engine.loop import TraceTarget, run
-from sim.engine.oracle import headroom_share, time_regret, trace_schedule
-from sim.engine.replay import drafter_for, effective_max_tokens, replay, run_trace, time_trace_run
+from sim.engine.mlxcel import run
+from sim.engine.schedule import trace_schedule
 from sim.engine.timing import recurrence_timing, simpy_timing
-from sim.engine.trace import Trace, read_trace
-from sim.errors import ConfigError
+from sim.engine.trace import Trace, TraceTarget, read_trace
+from sim.rows.config import make_config
+from sim.rows.headroom import headroom_share, time_regret
+from sim.rows.replay import drafter_for, effective_max_tokens, replay, run_trace, time_trace_run
 
 GB10 = ["gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit"]
 LOOPS = [{}, {"max_draft": 3, "plain_rounds_before_pipelining": 0}, {"ngram_min": 1, "max_draft": 9}]
@@ -44,10 +46,10 @@ def test_schedule_replays_to_the_same_time_to_the_last_bit(profile_name, loop):
         trace = read_trace(path)
         for max_tokens in (None, 40):
             config = make_config("oracle", loop)
-            result = run_trace(trace, config, max_tokens, costs=profile)
+            result = run_trace(trace, config, max_tokens=max_tokens, costs=profile)
             expected = oracle_time(trace, loop, profile, max_tokens)
             for model in (recurrence_timing, simpy_timing):
-                timed = time_trace_run(trace, result, profile, max_tokens, model=model)
+                timed = time_trace_run(trace, result, profile, max_tokens=max_tokens, model=model)
                 assert timed.time_ms == expected, (path.name, max_tokens, model.__name__)
 
 
@@ -68,8 +70,8 @@ def test_context_profile_bit_exact():
     profile = load_profile(str(ROOT / "benchmarks" / "results" / "long_context_cpu-profile-v2.yaml"))
     for path in BUNDLED_TRACES:
         trace = read_trace(path)
-        result = run_trace(trace, make_config("oracle", {}), 60, costs=profile)
-        timed = time_trace_run(trace, result, profile, 60, model=recurrence_timing)
+        result = run_trace(trace, make_config("oracle", {}), max_tokens=60, costs=profile)
+        timed = time_trace_run(trace, result, profile, max_tokens=60, model=recurrence_timing)
         assert timed.time_ms == oracle_time(trace, {}, profile, 60)
 
 
@@ -102,7 +104,7 @@ def exhaustive_best(trace, loop_values, profile, max_tokens) -> tuple[float, int
         iterations = result.iterations
         assert iterations is not None
         if len(iterations) == len(prefix):  # the run ended on the prefix's last decision
-            timed = time_trace_run(trace, result, profile, max_tokens, model=recurrence_timing)
+            timed = time_trace_run(trace, result, profile, max_tokens=max_tokens, model=recurrence_timing)
             best = min(best, timed.time_ms)
             finished += 1
             continue
@@ -184,11 +186,13 @@ def test_random_traces_keep_the_invariants_and_the_bit_exact_time(
     max_tokens = min(cut, len(reply))
     loop = {"max_draft": max_draft, "ngram_min": ngram_min, "plain_rounds_before_pipelining": pipeline_after}
     for profile in (HOST_BOUND, load_profile("gb10-qwen3-1.7b-4bit")):
-        result = run_trace(trace, make_config("oracle", loop), max_tokens, keep_iterations=True, costs=profile)
+        result = run_trace(
+            trace, make_config("oracle", loop), max_tokens=max_tokens, keep_iterations=True, costs=profile
+        )
         check_run(result, max_draft, reply, max_tokens)
-        timed = time_trace_run(trace, result, profile, max_tokens, model=recurrence_timing)
+        timed = time_trace_run(trace, result, profile, max_tokens=max_tokens, model=recurrence_timing)
         assert timed.time_ms == oracle_time(trace, loop, profile, max_tokens)
-        assert timed.time_ms <= replay(trace, make_config("gated", loop), profile, max_tokens).time_ms
+        assert timed.time_ms <= replay(trace, make_config("gated", loop), profile, max_tokens=max_tokens).time_ms
 
 
 def test_oracle_rows_are_deterministic():
@@ -204,7 +208,7 @@ def test_oracle_rows_are_deterministic():
 
 def test_oracle_is_not_causal_and_reads_costs():
     cls = policy_class("oracle")
-    assert cls.causal is False and cls.reads_costs is True
+    assert cls.causal is False and reads_costs(cls) is True
     assert all(policy_class(name).causal for name in ("off", "fixed", "graded", "gated", "heuristic"))
 
 
@@ -225,7 +229,7 @@ def test_oracle_refuses_another_drafter():
 def test_oracle_round_records_stay_small():
     """The rounds file records the governor's state per iteration: the oracle's is its position in the schedule."""
     trace = read_trace(BUNDLED_TRACES[0])
-    result = run_trace(trace, make_config("oracle", {}), 20, keep_iterations=True, costs=HOST_BOUND)
+    result = run_trace(trace, make_config("oracle", {}), max_tokens=20, keep_iterations=True, costs=HOST_BOUND)
     assert result.iterations is not None
     states = [it.governor for it in result.iterations]
     assert states == [{"step": i + 1} for i in range(len(states))]

@@ -18,15 +18,15 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from PIL import Image
 
-from sim.engine.config import make_config
+from sim.core.errors import PlotError
 from sim.engine.costs import load_profile
-from sim.engine.replay import geomean, replay
 from sim.engine.timing import recurrence_timing
 from sim.engine.trace import read_trace
-from sim.errors import PlotError
 from sim.figures import style
 from sim.figures.study_figures import rows_figure, trial_rows
 from sim.plot import build_parser, main
+from sim.rows.config import make_config
+from sim.rows.replay import geomean, replay
 from sim.tuning.trials import best_trial, feasible
 
 TRACES = [ROOT / "traces" / "email.jsonl", ROOT / "traces" / "edit_json.jsonl"]

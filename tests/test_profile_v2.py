@@ -10,12 +10,12 @@ import yaml
 from conftest import BUNDLED_TRACES, ROOT, assert_refused, run_main, snapshot
 
 from sim import replay as replay_cli
-from sim.engine.config import make_config
+from sim.core.errors import ProfileError
 from sim.engine.costs import ContextProfile, CostProfile, load_profile
-from sim.engine.replay import replay, run_trace, time_trace_run
 from sim.engine.timing import recurrence_timing, simpy_timing
 from sim.engine.trace import read_trace
-from sim.errors import ProfileError
+from sim.rows.config import make_config
+from sim.rows.replay import replay, run_trace, time_trace_run
 
 EIGHT_B = ROOT / "traces" / "profiles" / "gb10-qwen3-8b-4bit.yaml"
 STORY = ROOT / "traces" / "story.jsonl"

@@ -628,8 +628,8 @@ def test_the_table_covers_enough_cases():
 def test_measure_default_width_covers_every_committed_configuration():
     """`sim.measure`'s default --max-width prices the widest verify (max_draft + 1) of every committed best.yaml and
     of every study spec's max_draft range, so record -> measure -> confirm works with the committed configurations."""
-    from sim.engine.config import load_config_file
     from sim.hardware.options import DEFAULT_MAX_WIDTH
+    from sim.rows.config import load_config_file
 
     needs = [load_config_file(p).loop.max_draft + 1 for p in sorted((ROOT / "studies").glob("*/best.yaml"))]
     for spec in sorted((ROOT / "studies").glob("*.yaml")):

@@ -18,10 +18,10 @@ import pytest
 from conftest import ROOT, assert_refused, run_main, snapshot
 
 from sim import plot, replay
-from sim.engine.config import make_config
 from sim.engine.costs import load_profile
 from sim.engine.trace import read_trace
-from sim.figures.rounds import replay_rounds, rounds_text
+from sim.rows.config import make_config
+from sim.rows.rounds import replay_rounds, rounds_text
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
 BUNDLED_PROFILE = ROOT / "traces" / "profiles" / "gb10-qwen3-8b-4bit.yaml"

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl, run_main
 
-from sim.engine.config import make_config
 from sim.engine.costs import DEFAULT_PROFILE, bundled_profiles, load_profile
-from sim.engine.replay import replay
 from sim.engine.trace import read_trace
 from sim.replay import build_parser, main
+from sim.rows.config import make_config
+from sim.rows.replay import replay
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
 JSON_KEYS = {
@@ -183,7 +183,7 @@ def test_json_is_byte_identical_across_runs_and_has_every_key():
 
 
 def test_json_row_equals_the_replay_function(capsys):
-    """The CLI's row is `sim.engine.replay.replay`'s row (as a dict) for the same trace, configuration and profile."""
+    """The CLI's row is `sim.rows.replay.replay`'s row (as a dict) for the same trace, configuration and profile."""
     code, out, _ = _main(capsys, EMAIL, "--policy", "graded", "--json")
     assert code == 0
     (row,) = _json_rows(out)
@@ -282,7 +282,7 @@ import sys
 
 sys.path.insert(0, {root!r})
 
-import sim.engine.replay
+import sim.rows.replay
 import sim.replay
 
 
@@ -290,8 +290,8 @@ def broken(*args, **kwargs):
     raise {error}("boom")
 
 
-# replay() looks run_trace up in sim.engine.replay; patch the CLI module's own name for it too, if it has one.
-sim.engine.replay.run_trace = broken
+# replay() looks run_trace up in sim.rows.replay; patch the CLI module's own name for it too, if it has one.
+sim.rows.replay.run_trace = broken
 if hasattr(sim.replay, "run_trace"):
     sim.replay.run_trace = broken
 sys.exit(sim.replay.main(sys.argv[1:]))
@@ -438,8 +438,13 @@ def test_json_never_prints_nan(capsys, monkeypatch):
 
     import sim.replay
 
-    real = sim.replay.replay
-    monkeypatch.setattr(sim.replay, "replay", lambda *a, **k: dataclasses.replace(real(*a, **k), time_ms=math.nan))
+    real = sim.replay.play
+
+    def broken(*args, **kwargs):
+        played = real(*args, **kwargs)
+        return dataclasses.replace(played, row=dataclasses.replace(played.row, time_ms=math.nan))
+
+    monkeypatch.setattr(sim.replay, "play", broken)
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
         main([EMAIL, "--json"])
     assert "NaN" not in capsys.readouterr().out

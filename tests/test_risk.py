@@ -3,11 +3,11 @@ tie."""
 
 from conftest import ROOT
 
-from sim.engine.config import make_config
 from sim.engine.costs import load_profile
-from sim.engine.replay import replay
 from sim.engine.trace import read_trace, write_trace
 from sim.replay import main
+from sim.rows.config import make_config
+from sim.rows.replay import replay
 
 PROMPT = list(range(100, 120))
 REPLY = [300, 100, 101, 999, *range(102, 120)]  # copy, break, copy: gated verifies spans (3,1) (9,3) (12,8) (20,2)

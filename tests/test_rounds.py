@@ -1,4 +1,4 @@
-"""Round records (sim/figures/rounds.py) and `python -m sim.replay --rounds-out` (docs/trace-format.md): one record
+"""Round records (sim/rows/rounds.py) and `python -m sim.replay --rounds-out` (docs/trace-format.md): one record
 per loop iteration that sums back to mlxcel's counters and ends at the simulated total time, a rounds file that
 round-trips byte-identically, one-line errors for misuse, and the reply view that colours tokens by the round that
 emitted them."""
@@ -15,14 +15,15 @@ from conftest import BUNDLED_TRACES, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.engine.config import make_config
+from sim.core.errors import RoundsError
+from sim.drafters.lookup import PromptLookup
 from sim.engine.costs import load_profile
-from sim.engine.lookup import PromptLookup
-from sim.engine.loop import TraceTarget, run
+from sim.engine.mlxcel import run
 from sim.engine.timing import Jitter, plain_actions, recurrence_timing, simpy_timing, time_run
-from sim.engine.trace import read_trace
-from sim.errors import RoundsError
-from sim.figures.rounds import (
+from sim.engine.trace import TraceTarget, read_trace
+from sim.replay import main
+from sim.rows.config import make_config
+from sim.rows.rounds import (
     ROLE_STYLE,
     ROUND_KEYS,
     gains_by_role,
@@ -33,7 +34,6 @@ from sim.figures.rounds import (
     rounds_text,
     token_roles,
 )
-from sim.replay import main
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
 PROFILE = load_profile("gb10-qwen3-8b-4bit")
@@ -100,7 +100,16 @@ def test_random_streams_sum_to_the_counters_and_the_total_time(policy, prompt, r
     )
     noise = Jitter(jitter, 3)
     records = round_records(
-        result, time_run(result, PROFILE, len(prompt), eos, noise, recurrence_timing, keep_host_times=True)
+        result,
+        time_run(
+            result,
+            PROFILE,
+            prompt_tokens=len(prompt),
+            stopped_on_eos=eos,
+            jitter=noise,
+            model=recurrence_timing,
+            keep_host_times=True,
+        ),
     )
     c = result.counters
     expected = {**{k: getattr(c, k) for k in sums([]) if k != "generated_tokens"}, "generated_tokens": c.generated}
@@ -132,7 +141,9 @@ def test_copy_break_copy_records_show_the_pause_probe_and_confirmation():
         PromptLookup(),
         keep_iterations=True,
     )
-    records = round_records(result, time_run(result, PROFILE, len(prompt), stopped_on_eos=False, keep_host_times=True))
+    records = round_records(
+        result, time_run(result, PROFILE, prompt_tokens=len(prompt), stopped_on_eos=False, keep_host_times=True)
+    )
     confirmed = [r for r in records if r["shadow_confirmed"]]
     assert len(confirmed) == 1
     probe = next(r for r in records if r["probe_made"])
@@ -257,7 +268,7 @@ def test_read_rounds_refuses_a_fifo_without_opening_it(tmp_path):
 
 def test_rounds_file_never_holds_nan(tmp_path):
     """rounds_text refuses to write a non-finite number rather than write NaN, which no reader accepts."""
-    from sim.figures.rounds import Run
+    from sim.rows.rounds import Run
 
     with pytest.raises(ValueError):
         rounds_text([Run({"time_ms": math.nan}, [])])

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sim.stops import Stops
+from sim.core.stops import Stops
 
 
 def stop_now(signum: signal.Signals = signal.SIGINT) -> None:

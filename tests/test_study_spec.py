@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from sim.errors import StudyError
+from sim.core.errors import StudyError
 from sim.tuning.spec import load_spec
 
 GOOD = f"""\

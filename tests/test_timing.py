@@ -13,13 +13,13 @@ from functools import cache
 import pytest
 from conftest import BUNDLED_TRACES
 
-from sim.engine.config import make_config
+from sim.core.errors import ConfigError, ProfileError
+from sim.engine.actions import READ, STEP
 from sim.engine.costs import DEFAULT_PROFILE, bundled_profiles, load_profile, profile_from_dict
-from sim.engine.loop import READ, STEP
-from sim.engine.replay import replay, run_trace
 from sim.engine.timing import NO_JITTER, Jitter, plain_actions, recurrence_timing, simpy_timing, time_run
 from sim.engine.trace import read_trace
-from sim.errors import ConfigError, ProfileError
+from sim.rows.config import make_config
+from sim.rows.replay import replay, run_trace
 
 PROFILES = bundled_profiles()
 POLICIES = ["off", "fixed", "graded", "gated", "heuristic"]
@@ -203,7 +203,15 @@ def test_time_run_is_the_two_arms_timed_separately(timer, trace_path):
     for policy in ("off", "gated"):
         result = run_trace(trace, make_config(policy, {}))
         for jitter in (NO_JITTER, Jitter(0.05, 7)):
-            timed = time_run(result, profile, prompt, True, jitter, model=timer, keep_host_times=True)
+            timed = time_run(
+                result,
+                profile,
+                prompt_tokens=prompt,
+                stopped_on_eos=True,
+                jitter=jitter,
+                model=timer,
+                keep_host_times=True,
+            )
             alone = timer(result.actions, result.contexts, profile, prompt, jitter, keep_host_times=True)
             plain_acts, plain_contexts = plain_actions(result.counters.generated, True, prompt)
             plain = timer(plain_acts, plain_contexts, profile, prompt, jitter, keep_host_times=True)
@@ -219,7 +227,7 @@ def test_time_run_defaults_to_simpy_without_jitter():
     prompt = len(trace.prompt_tokens)
     profile = load_profile(DEFAULT_PROFILE)
     result = run_trace(trace, make_config("gated", {}))
-    timed = time_run(result, profile, prompt, True)
+    timed = time_run(result, profile, prompt_tokens=prompt, stopped_on_eos=True)
     assert timed.time_ms == simpy_timing(result.actions, result.contexts, profile, prompt).total_ms
     assert timed.plain_ms == _plain(result.counters.generated, True, profile, prompt).total_ms
     assert timed.timing.host_ms == timed.plain.host_ms == ()

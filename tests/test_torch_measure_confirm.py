@@ -143,7 +143,7 @@ def test_medians_that_give_a_width_no_device_time_are_measured_again(monkeypatch
 
 def test_medians_that_never_settle_are_one_error_line(monkeypatch):
     """A stall on every width-1 verify: 3 batches of rounds more, then a UserError that says what to do."""
-    from sim.errors import UserError
+    from sim.core.errors import UserError
     from sim.hardware.measure import measure
     from sim.hardware.model import load_model
 
@@ -222,8 +222,8 @@ def test_measure_replaces_a_profile_only_with_force(profile, tmp_path, capsys):
 
 def test_a_result_is_never_renamed_over_a_fifo_or_a_device(tmp_path):
     """write_atomic, under every result file: a target that is not a regular file stays as it was."""
-    from sim.errors import UserError
-    from sim.io import write_atomic
+    from sim.core.errors import UserError
+    from sim.core.io import write_atomic
 
     pipe = tmp_path / "pipe.yaml"
     os.mkfifo(pipe)

@@ -18,15 +18,16 @@ pytest.importorskip("transformers")
 
 from conftest import ROOT  # noqa: E402
 
-from sim.engine.config import make_config  # noqa: E402
-from sim.engine.lookup import PromptLookup  # noqa: E402
-from sim.engine.loop import READ, STEP, run  # noqa: E402
-from sim.engine.replay import run_trace  # noqa: E402
+from sim.core.errors import ModelError  # noqa: E402
+from sim.drafters.lookup import PromptLookup  # noqa: E402
+from sim.engine.actions import READ, STEP  # noqa: E402
+from sim.engine.mlxcel import run  # noqa: E402
 from sim.engine.timing import plain_actions  # noqa: E402
 from sim.engine.trace import read_trace, write_trace  # noqa: E402
-from sim.errors import ModelError  # noqa: E402
 from sim.hardware.model import load_model  # noqa: E402
 from sim.hardware.target import TorchTarget, decode_plain  # noqa: E402
+from sim.rows.config import make_config  # noqa: E402
+from sim.rows.replay import run_trace  # noqa: E402
 
 REPEATS = [5, 6, 7, 8] * 8  # a repetitive prompt: the tiny model's greedy output repeats and lookup lands
 COUNTED = ("rounds", "drafted_rounds", "paused_rounds", "proposed", "accepted", "shadow_confirmations")

@@ -12,8 +12,8 @@ import sys
 import pytest
 from conftest import BUNDLED_TRACES, HEADER, ROOT, jsonl
 
+from sim.core.errors import TraceError
 from sim.engine.trace import read_trace, write_trace
-from sim.errors import TraceError
 
 TOKEN = {"type": "token", "id": 7}
 

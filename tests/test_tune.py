@@ -18,12 +18,12 @@ import pytest
 import yaml
 from conftest import BUNDLED_TRACES, ROOT, snapshot
 
-from sim.engine.config import make_config
+from sim.core.errors import StudyError
 from sim.engine.costs import load_profile
-from sim.engine.replay import replay
 from sim.engine.timing import recurrence_timing, simpy_timing
 from sim.engine.trace import read_trace
-from sim.errors import StudyError
+from sim.rows.config import make_config
+from sim.rows.replay import replay
 from sim.tune import main
 from sim.tuning.evaluation import MatrixEvaluator
 from sim.tuning.search import sampler_seed

@@ -13,9 +13,9 @@ import optuna
 import pytest
 from conftest import ROOT
 
-from sim.engine.config import make_config
-from sim.engine.replay import replay
 from sim.engine.timing import Jitter, recurrence_timing
+from sim.rows.config import make_config
+from sim.rows.replay import replay
 from sim.tune import main
 from sim.tuning import stats
 from sim.tuning.evaluation import JITTER_SEED_STRIDE, MatrixEvaluator, lower_tail, score

@@ -5,7 +5,7 @@ chat.py read text files and JSON Lines records, git.py makes edit traces from a 
 ([docs/ingest.md](../../docs/ingest.md)).
 """
 
-from sim.errors import UserError
+from sim.core.errors import UserError
 
 
 class IngestError(UserError):

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.core.io import refuse_inputs_as_outputs
+from sim.core.stops import STOPS
 from sim.corpus import IngestError, check_text
 from sim.corpus.tokenize import Tokenizer
 from sim.engine.trace import SOURCES, one_line, write_trace
-from sim.io import refuse_inputs_as_outputs
-from sim.stops import STOPS
 
 
 @dataclass(frozen=True)

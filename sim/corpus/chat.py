@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sim.core.io import decode_text, load_json, read_bytes
 from sim.corpus import IngestError
 from sim.corpus.build import Item
-from sim.io import decode_text, load_json, read_bytes
 
 Turn = tuple[str, str]  # role, content
 

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from sim.core.params import param
 from sim.corpus import IngestError
 from sim.corpus.build import Item
 from sim.corpus.text import read_text
-from sim.engine.params import param
 
 KINDS = ("code", "docs", "data")
 CODE_SUFFIXES = frozenset(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from sim.core.io import decode_text, read_bytes
 from sim.corpus import IngestError
 from sim.corpus.build import Item
-from sim.io import decode_text, read_bytes
 
 
 def read_text(path: str, what: str) -> tuple[str, str]:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.core.io import decode_text, read_bytes
 from sim.corpus import IngestError, check_text
-from sim.io import decode_text, read_bytes
 
 
 @dataclass(frozen=True)

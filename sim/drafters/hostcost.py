@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.engine.params import check_range
+from sim.core.params import check_range
 
 # A lookup that takes a second would not be drafting; the bound keeps a typo (ms for us) from passing silently.
 MAX_HOST_MS = 1000.0

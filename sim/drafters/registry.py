@@ -1,7 +1,7 @@
 """Drafter families by name, and the drafter part of a configuration (docs/drafters.md, section 2).
 
 A family is a class with a frozen `Params` dataclass (declared with
-`sim.engine.params.param`), `for_request(params, loop, tokens, prompt_length, world)`,
+`sim.core.params.param`), `for_request(params, loop, tokens, prompt_length, world)`,
 which returns a drafter for one recorded request whose context is `tokens`, and
 `live(params, loop, prompt, world)`, a drafter that grows with a live decode.
 `lookup` (mlxcel's prompt lookup) is the default; its n-gram bounds are loop
@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from sim.engine.params import build_params
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.params import build_params
 
 if TYPE_CHECKING:
-    from sim.drafters.base import Drafter
+    from sim.core.params import LoopParams
+    from sim.core.protocols import Drafter
     from sim.drafters.stream import World
-    from sim.engine.loop import LoopParams
 
 DEFAULT_DRAFTER = "lookup"
 KEY = "drafter"  # the flat setting that names the drafter; its parameters are `drafter.NAME`

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.core.errors import ConfigError
+from sim.core.io import decode_text, read_bytes, same_file
 from sim.drafters.trie import SuffixTrie
-from sim.errors import ConfigError
-from sim.io import decode_text, read_bytes, same_file
 
 
 class Stream:

@@ -23,15 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sim.drafters.base import GLOBAL, NO_DRAFT, OUTPUT, PROMPT, Draft
+from sim.core.params import MAX_SPAN, check_range, param
+from sim.core.protocols import GLOBAL, NO_DRAFT, OUTPUT, PROMPT, Draft
 from sim.drafters.hostcost import check_host_cost
 from sim.drafters.registry import register
 from sim.drafters.trie import Node, SuffixTrie, count, latest
-from sim.engine.params import MAX_SPAN, check_range, param
 
 if TYPE_CHECKING:
+    from sim.core.params import LoopParams
     from sim.drafters.stream import World
-    from sim.engine.loop import LoopParams
 
 MAX_CACHED_REQUESTS = 10**6
 # floor(m * factor + offset) in floating point: 3 * (1/3 written as 0.3333333333) must still give 1, not 0.

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.engine.params import KeyLines
+from sim.core.errors import ProfileError
+from sim.core.io import load_yaml
+from sim.core.params import KeyLines
 from sim.engine.trace import one_line
-from sim.errors import ProfileError
-from sim.io import load_yaml
 
 BUNDLED = Path(__file__).resolve().parents[2] / "traces" / "profiles"
 DEFAULT_PROFILE = "gb10-qwen3-8b-4bit"
@@ -50,7 +50,7 @@ PREFILL_KEYS = ("fixed_ms", "per_prompt_token_ms", "per_prompt_token2_ms", "sour
 # Plausible milliseconds for one forward: outside them a typo (1e308, 1e-300) would turn every time into inf or 0
 # and every speedup into nan or exactly 1. Prefill may be 0 (not measured), never negative.
 MIN_MS, MAX_MS = 1e-6, 1e6
-MAX_WIDTHS = 1024  # widths one profile may list; loops propose at most sim.engine.params.MAX_SPAN tokens
+MAX_WIDTHS = 1024  # widths one profile may list; loops propose at most sim.core.params.MAX_SPAN tokens
 MAX_CONTEXT = 1 << 24  # context lengths a v2 grid may name; no model reads 16M tokens
 MAX_CONTEXTS = 64  # grid points one v2 profile may list
 

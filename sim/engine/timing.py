@@ -12,7 +12,9 @@ matrices measured whole-call rates, prefill included) and end when the host has
 handled the last token. Optional jitter multiplies each d and g by a mean-one
 lognormal factor drawn from a seeded generator in host order, so both models
 draw identical factors. `time_run` times a loop result and plain decoding of the
-same tokens: the one place a run becomes a speedup.
+same tokens, and `speedup` is the one place a run becomes a speedup.
+`flat_time` is the recurrence specialised to a profile that ignores the
+context, for studies; a test holds it equal to `recurrence_timing` too.
 """
 
 from __future__ import annotations
@@ -21,30 +23,19 @@ import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import simpy
 
-from sim.engine.loop import READ, STEP, LoopResult
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.core.protocols import ForwardCosts
+from sim.engine.actions import READ, STEP, LoopResult
 
 MAX_SEED = 2**32 - 1  # seeds of the jitter generator: 0..2^32-1
 
 # Any timing model: (actions, contexts, costs, prompt tokens, jitter, keep host times) -> Timing.
 TimingModel = Callable[..., "Timing"]
-
-
-class ForwardCosts(Protocol):
-    """What the timing model charges: a forward of `width` tokens at context length `context` (docs/timing.md)."""
-
-    def device_ms(self, width: int, context: int) -> float: ...
-
-    def host_gap_ms(self, context: int) -> float: ...
-
-    def prefill_ms(self, prompt_tokens: int) -> float: ...
-
-    def check_width(self, width: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -191,6 +182,27 @@ def recurrence_timing(
     return Timing(host, prefill, tuple(host_times))
 
 
+def flat_time(actions: Sequence[int], device: Sequence[float], gap: float, prefill: float) -> float:
+    """`recurrence_timing(...).total_ms` on a profile whose costs ignore the context (`device[w]` = d(w), `gap` = g),
+    without jitter or drafting cost, to the last bit: the same float operations in the same order (a noise factor
+    of exactly 1.0 and max() of equals change nothing), minus the per-action cost lookups and checks. Studies time
+    every row of every trial with it; a test holds it equal to `recurrence_timing`."""
+    d1 = device[1]
+    host = free = prefill
+    in_flight: deque[float] = deque()
+    for action in actions:
+        if action == STEP:
+            free = (free if free >= host else host) + d1
+            in_flight.append(free)
+        elif action == READ:
+            done = in_flight.popleft()
+            host = (host if host >= done else done) + gap
+        else:
+            free = (free if free >= host else host) + device[action]
+            host = free + gap
+    return host
+
+
 def plain_actions(generated: int, stopped_on_eos: bool, prompt_tokens: int) -> tuple[list[int], list[int]]:
     """mlxcel's plain decoding, pipelined from the first step: every step is submitted before the previous is read.
 
@@ -229,12 +241,22 @@ class RunTiming:
 
     @property
     def speedup(self) -> float:
-        return self.plain_ms / self.time_ms if self.time_ms > 0 else 1.0
+        return speedup(self.plain_ms, self.time_ms)
+
+
+def speedup(plain_ms: float, time_ms: float) -> float:
+    """Plain decoding's time over a run's: > 1 is faster than plain (1 for a run that took no time)."""
+    return plain_ms / time_ms if time_ms > 0 else 1.0
+
+
+def tokens_per_second(tokens: int, time_ms: float) -> float:
+    return 1000.0 * tokens / time_ms if time_ms > 0 else 0.0
 
 
 def time_run(
     result: LoopResult,
     costs: ForwardCosts,
+    *,
     prompt_tokens: int,
     stopped_on_eos: bool,
     jitter: Jitter = NO_JITTER,

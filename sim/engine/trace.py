@@ -13,13 +13,14 @@ import math
 import os
 import unicodedata
 import warnings
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.errors import TraceError
-from sim.io import load_json, read_bytes, write_atomic
+from sim.core.errors import TraceError
+from sim.core.io import load_json, read_bytes, write_atomic
 
 VERSION = 1
 STOPS = ("eos", "max_tokens")
@@ -266,3 +267,47 @@ def write_trace(
     for entry in rounds:
         parts.append(json.dumps({"type": "round", **entry}, sort_keys=True, separators=(", ", ": ")) + "\n")
     write_atomic(path, "".join(parts))
+
+
+class TraceTarget:
+    """A recorded run as the model: every forward answers with the token the trace says landed there.
+
+    Slots after a mismatch in a verify are answered from the trace too; the loop
+    never reads them (the round ends at the first mismatch).
+    """
+
+    def __init__(self, tokens: Sequence[int], eos_id: int, stops_on_eos: bool):
+        self.tokens = tokens
+        self.eos_id = eos_id
+        self.stops_on_eos = stops_on_eos
+        self.position = 0  # index of the token the next forward produces
+        self.pending: deque[int] = deque()
+
+    def _token(self, index: int) -> int:
+        if index < len(self.tokens):
+            return self.tokens[index]
+        if self.stops_on_eos:
+            return self.eos_id
+        raise RuntimeError(f"replay asked for token {index} of a trace cut at {len(self.tokens)} tokens")
+
+    def prefill(self) -> int:
+        self.position = 1
+        return self._token(0)
+
+    def submit(self) -> None:
+        self.pending.append(self._token(self.position))
+        self.position += 1
+
+    def read(self) -> int:
+        return self.pending.popleft()
+
+    def verify(self, proposal: list[int]) -> list[int]:
+        outputs = [self._token(self.position + i) for i in range(len(proposal) + 1)]
+        self.position += len(proposal) + 1
+        return outputs
+
+    def rollback(self, n: int) -> None:
+        self.position -= n
+
+    def is_eos(self, token: int) -> bool:
+        return token == self.eos_id

@@ -20,9 +20,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from policies import REGISTRY
-from sim.errors import PlotError
-from sim.figures.rounds import MAX_RUNS_PER_FIGURE, Run
+from sim.core.errors import PlotError
 from sim.figures.style import ACCEPTED, CONFIRM, DPI, OWN, PALETTE, PAUSED, REJECTED, file_part, save
+from sim.rows.rounds import MAX_RUNS_PER_FIGURE, Run
 
 
 def colours(runs: Sequence[Run]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from sim.errors import PlotError
+from sim.core.errors import PlotError
 from sim.figures.style import DPI, OWN, PALETTE, REJECTED, file_part, save
 from sim.tuning.trials import best_trial, complete_trials, feasible, importances, objective_names
 

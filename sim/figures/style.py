@@ -13,8 +13,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from sim.errors import PlotError
-from sim.io import write_atomic
+from sim.core.errors import PlotError
+from sim.core.io import write_atomic
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 ACCEPTED, REJECTED, OWN, PAUSED, CONFIRM = "#2ca02c", "#e74c3c", "#9aa5b1", "#f5cba7", "#8e44ad"

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from policies import policy_class
-from sim.engine.config import PolicyConfig, load_config_file, make_config, split_variant
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.rows.config import PolicyConfig, load_config_file, make_config, split_variant
 
 PLAIN = "plain"
 

@@ -12,7 +12,7 @@ included, from a synchronised device to the host's read of the last token.
 Per trace and arm: median tok/s over repetitions, `speedup` = arm median tok/s
 over plain median tok/s (what the GB10 matrix calls x), the loop's counters, and
 parity (tokens identical to plain decoding's). Beside each measured speedup the
-simulator's predicted one for the same trace (`sim.engine.replay.replay` on a
+simulator's predicted one for the same trace (`sim.rows.replay.replay` on a
 profile measured on this machine by `sim.measure`) and the error in points of x
 (100 * (measured - predicted)). `--scripted` forces the trace's tokens (real
 forwards, real costs), so any trace can be confirmed with any weights; without
@@ -41,17 +41,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sim.core.protocols import ForwardCosts
 from sim.drafters.registry import live_drafter
-from sim.engine.config import make_config
+from sim.engine.actions import Counters
 from sim.engine.costs import Profile
-from sim.engine.loop import Counters, run
-from sim.engine.replay import effective_max_tokens, geomean, replay, require_widths
-from sim.engine.timing import ForwardCosts, recurrence_timing
+from sim.engine.mlxcel import run
+from sim.engine.timing import recurrence_timing
 from sim.engine.trace import Trace
 from sim.hardware.arms import PLAIN, Arm, build_arms  # noqa: F401 (the library's API)
 from sim.hardware.model import LoadedModel
 from sim.hardware.options import progress as progress_bar
 from sim.hardware.target import TorchTarget, decode_plain, synchronize
+from sim.rows.config import make_config
+from sim.rows.replay import effective_max_tokens, geomean, replay, require_widths
 from sim.tuning import stats
 
 
@@ -199,7 +201,7 @@ def _rows(
             expected = list(trace.tokens[:cap] if cap is not None else trace.tokens)
             row["matches_trace"] = all(r.tokens == expected for r in results)
         config = arm.config or make_config("off", {})  # plain: only its predicted time is used
-        predicted = replay(trace, config, profile, max_tokens, model=recurrence_timing)
+        predicted = replay(trace, config, profile, max_tokens=max_tokens, model=recurrence_timing)
         if arm.config is None:
             row["predicted_speedup"] = 1.0
             row["predicted_ms"] = predicted.plain_time_ms

@@ -35,14 +35,14 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sim.core.errors import UserError
+from sim.core.io import write_atomic
 from sim.engine.costs import profile_from_dict
-from sim.errors import UserError
 from sim.hardware.model import LoadedModel, versions
 from sim.hardware.options import DEFAULT_MAX_WIDTH
 from sim.hardware.options import progress as progress_bar
 from sim.hardware.target import TorchTarget, synchronize
 from sim.hardware.tokenizer import GPT2_EOS
-from sim.io import write_atomic
 
 
 def measure(

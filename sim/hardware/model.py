@@ -31,10 +31,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config  # noqa: E402
 
-from sim.errors import ModelError  # noqa: E402
+from sim.core.errors import ModelError  # noqa: E402
+from sim.core.io import load_json, read_bytes  # noqa: E402
 from sim.hardware.options import ARCH_NAMES, DTYPE_NAMES, ModelLimits, add_model_args  # noqa: E402, F401
 from sim.hardware.tokenizer import GPT2_EOS, GPT2_N_VOCAB, load_gpt2  # noqa: E402
-from sim.io import load_json, read_bytes  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # one clear line per problem, not library chatter
 transformers.logging.disable_progress_bar()

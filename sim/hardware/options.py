@@ -20,8 +20,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from sim.core.errors import ModelError, UserError
 from sim.engine.trace import Trace
-from sim.errors import ModelError, UserError
 
 # The named random-weight architectures of sim/hardware/model.py (ARCHS there must list exactly these, in this order).
 ARCH_NAMES = ("tiny", "mid", "qwen3-1.7b", "qwen3-8b", "llama-3.1-8b")

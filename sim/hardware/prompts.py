@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.core.errors import UserError
+from sim.core.io import read_bytes
 from sim.engine.trace import read_trace
-from sim.errors import UserError
 from sim.hardware.options import output_name
-from sim.io import read_bytes
 
 if TYPE_CHECKING:
     from sim.hardware.model import Prompter

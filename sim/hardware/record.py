@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sim.core.errors import ModelError
 from sim.engine.trace import header_line, token_line, write_trace
-from sim.errors import ModelError
 from sim.hardware.model import LoadedModel, Prompter
 from sim.hardware.options import progress
 from sim.hardware.prompts import PromptFile, encode, output_paths, read_prompt  # noqa: F401 (the library's API)

@@ -1,6 +1,6 @@
-"""A real model as the round loop's target (`sim.engine.loop.Target`), and plain greedy decoding on it.
+"""A real model as the round loop's target (`sim.core.protocols.Target`), and plain greedy decoding on it.
 
-The same `sim.engine.loop.run` that replays traces drives this target, so a policy
+The same `sim.engine.mlxcel.run` that replays traces drives this target, so a policy
 confirmed on hardware is byte-for-byte the policy tuned in simulation.
 
 Pipelining. On CUDA `submit` queues a one-token forward whose input is the
@@ -44,7 +44,7 @@ class _Step:
 
 
 class TorchTarget:
-    """`sim.engine.loop.Target` over a transformers causal LM with a `DynamicCache` (one sequence, greedy)."""
+    """`sim.core.protocols.Target` over a transformers causal LM with a `DynamicCache` (one sequence, greedy)."""
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tiktoken
 
-from sim.errors import UserError
+from sim.core.errors import UserError
 
 __all__ = [
     "GPT2_EOS",

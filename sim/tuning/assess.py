@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from sim.engine.replay import ReplayRow
+from sim.rows.replay import ReplayRow
 from sim.tuning import stats
 from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, score

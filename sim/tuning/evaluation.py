@@ -1,6 +1,6 @@
 """One configuration over a whole trace x profile matrix, fast enough for thousands of trials.
 
-Each trial replays every row: the same rows as `sim.engine.replay.replay` with
+Each trial replays every row: the same rows as `sim.rows.replay.replay` with
 the recurrence timing model (tests hold them equal), with the work that does
 not depend on the profile or the policy done once: the loop runs once per trace
 (its actions do not depend on the profile, unless the governor reads the
@@ -15,15 +15,14 @@ has (docs/tuning.md), so 200 edit traces do not drown 5 chat traces.
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
-from sim.engine.config import PolicyConfig
 from sim.engine.costs import CostProfile, Profile, load_profile
-from sim.engine.loop import READ, STEP, LoopResult
-from sim.engine.replay import ReplayRow, effective_max_tokens, geomean, require_widths, run_trace, stopped_on_eos
-from sim.engine.timing import NO_JITTER, Jitter, drafting_times, plain_actions, recurrence_timing
+from sim.engine.timing import NO_JITTER, Jitter, drafting_times, flat_time, plain_actions, recurrence_timing
 from sim.engine.trace import Trace, read_trace
+from sim.rows.config import PolicyConfig
+from sim.rows.replay import ReplayRow, effective_max_tokens, geomean, require_widths, run_trace, stopped_on_eos
 from sim.tuning.spec import DEFAULT_GROUP, Robust, StudySpec
 
 DEFAULT_ROBUST = Robust()
@@ -124,14 +123,24 @@ class MatrixEvaluator:
                     jitter = NO_JITTER if k is None else self._jitter(k, i * n_profiles + j)
                     cheap = flat[j] if k is None and drafting is None else None
                     if cheap is not None:
-                        time_ms = _flat_time(result, cheap, profile.prefill_ms(prompt))
+                        time_ms = flat_time(result.actions, *cheap, profile.prefill_ms(prompt))
                     else:
                         time_ms = recurrence_timing(
                             result.actions, result.contexts, profile, prompt, jitter, drafting_ms=drafting
                         ).total_ms
                     plain_ms = self._plain(i, j, generated, stops_on_eos, jitter)
                     rows.append(
-                        ReplayRow(trace, config, label, profile, cap, jitter, result.counters, time_ms, plain_ms)
+                        ReplayRow(
+                            trace=trace,
+                            config=config,
+                            label=label,
+                            profile=profile,
+                            max_tokens=cap,
+                            jitter=jitter,
+                            counters=result.counters,
+                            time_ms=time_ms,
+                            plain_time_ms=plain_ms,
+                        )
                     )
         return out
 
@@ -163,27 +172,6 @@ def _flat_costs(profile: Profile, widest: int) -> tuple[tuple[float, ...], float
     if not isinstance(profile, CostProfile):
         return None
     return (0.0, *(profile.device_ms(w, 0) for w in range(1, widest + 1))), profile.host_gap_ms(0)
-
-
-def _flat_time(result: LoopResult, costs: tuple[tuple[float, ...], float], prefill: float) -> float:
-    """`recurrence_timing(...).total_ms` without jitter or drafting cost on a flat profile, to the last bit: the same
-    float operations in the same order (a noise factor of exactly 1.0 and max() of equals change nothing), minus
-    the per-action cost lookups and checks (require_widths ran; the loop's action log is well formed)."""
-    device, gap = costs
-    d1 = device[1]
-    host = free = prefill
-    in_flight: deque[float] = deque()
-    for action in result.actions:
-        if action == STEP:
-            free = (free if free >= host else host) + d1
-            in_flight.append(free)
-        elif action == READ:
-            done = in_flight.popleft()
-            host = (host if host >= done else done) + gap
-        else:
-            free = (free if free >= host else host) + device[action]
-            host = free + gap
-    return host
 
 
 NOISE_FREE = ("geomean_speedup", "mean_speedup", "worst_row", "quantile_speedup", "cvar_speedup")

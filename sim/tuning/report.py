@@ -12,7 +12,7 @@ matrix here), with the min_row_speedup limit marked. The report leads with what
 the recommendation is worth (the held-out and in-sample gains with their
 intervals, sim/tuning/assess.py, docs/tuning.md) and ends with the hardware
 confirmation plan; the per-row table shows the hindsight oracle's speedup and
-the best's share of its headroom (sim.engine.oracle) for prompt-lookup studies.
+the best's share of its headroom (sim/rows/headroom.py) for prompt-lookup studies.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from sim.engine.loop import COUNTER_NAMES
-from sim.engine.oracle import headroom_share, trace_schedule
-from sim.engine.replay import ReplayRow, drafter_for
+from sim.core.io import write_atomic
+from sim.engine.actions import COUNTER_NAMES
+from sim.engine.timing import speedup
 from sim.figures import study_figures
 from sim.figures.style import save
-from sim.io import write_atomic
+from sim.rows.headroom import headroom_share, row_oracle_ms
+from sim.rows.replay import ReplayRow
 from sim.tuning import assess
 from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
@@ -68,18 +69,11 @@ def _scores(rows: Sequence[ReplayRow], spec: StudySpec, matrix: MatrixEvaluator,
 
 
 def oracle_speedups(rows: Sequence[ReplayRow]) -> list[float] | None:
-    """The hindsight-optimal speedup of every row (sim.engine.oracle, under each row's own loop settings, about 5 ms
-    a row), or None when the rows draft with another drafter than prompt lookup, for which no oracle is defined."""
+    """The hindsight-optimal speedup of every row (sim/rows/headroom.py, under each row's own loop settings, about
+    5 ms a row), or None when the rows draft with another drafter than prompt lookup, for which no oracle is defined."""
     if any(not r.config.drafter.is_default for r in rows):
         return None
-    out = []
-    for r in rows:
-        loop = r.config.loop
-        oracle = trace_schedule(
-            r.trace, loop, r.profile, r.max_tokens, drafter_for(r.trace, loop.ngram_min, loop.ngram_max)
-        )
-        out.append(r.plain_time_ms / oracle.time_ms)
-    return out
+    return [speedup(r.plain_time_ms, row_oracle_ms(r)) for r in rows]
 
 
 def _counts(trials: Sequence[FrozenTrial]) -> str:
@@ -295,7 +289,7 @@ def render(
     ]
     lines += ["## Per group", "", *_groups_table(matrix, both), ""]
     oracle_note = (
-        "; oracle: the hindsight-optimal speedup under the best's loop settings (sim.engine.oracle, not causal), "
+        "; oracle: the hindsight-optimal speedup under the best's loop settings (docs/oracle.md, not causal), "
         "share of headroom = (best - 1) / (oracle - 1)"
         if oracle is not None
         else ""

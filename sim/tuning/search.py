@@ -20,9 +20,9 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
-from sim.engine.replay import ReplayRow
-from sim.errors import ConfigError, ProfileError, UserError
-from sim.stops import STOPS
+from sim.core.errors import ConfigError, ProfileError, UserError
+from sim.core.stops import STOPS
+from sim.rows.replay import ReplayRow
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
 from sim.tuning.spec import StudySpec, baseline_params, load_spec
 from sim.tuning.storage import TrialGate, heartbeat, open_storage, reading
@@ -192,7 +192,7 @@ def work(
     """Run trials until this invocation has started its own trials, the study holds `cap`, or the deadline passes.
 
     A trial interrupted while it runs (Ctrl-C, SIGTERM) is told FAIL before the interrupt goes on; a stop that
-    comes during a storage call is held until that call is over (see sim.stops)."""
+    comes during a storage call is held until that call is over (see sim.core.stops)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url, heartbeat_s)
     with reading(storage_url):

@@ -25,16 +25,16 @@ from typing import Any
 
 import yaml
 
-from policies import Governor, policy_class
+from policies import policy_class
+from sim.core.errors import ConfigError, StudyError
+from sim.core.io import decode_text, parse_yaml, read_bytes
+from sim.core.params import LoopParams, coerce, fields_of, value_type
+from sim.core.protocols import Governor
 from sim.drafters.registry import KEY as DRAFTER_KEY
 from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterFamily, drafter_class
-from sim.engine.config import PolicyConfig, make_config
 from sim.engine.costs import bundled_profiles
-from sim.engine.loop import LoopParams
-from sim.engine.params import coerce, fields_of, value_type
-from sim.errors import ConfigError, StudyError
-from sim.io import decode_text, parse_yaml, read_bytes
+from sim.rows.config import PolicyConfig, make_config
 
 OBJECTIVES = {
     "geomean_speedup": "geometric mean of the speedup over every trace x profile row (groups weighted)",

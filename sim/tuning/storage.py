@@ -54,7 +54,7 @@ from optuna.trial import TrialState
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from sim.errors import StudyError
+from sim.core.errors import StudyError
 
 MAX_RETRY = 3  # a trial that kills its worker this many times is left failed
 MAX_STORAGE_BYTES = 1 << 30  # as for every other input: a storage file larger than this is refused up front

@@ -1,4 +1,4 @@
-"""The hindsight oracle (docs/oracle.md): the least simulated time any governor could reach on one trace, NOT CAUSAL.
+"""The hindsight oracle's search (docs/oracle.md): the least simulated time any governor could reach on one trace.
 
 A governor answers two questions per iteration, `budget()` and `probes_while_paused()`; everything else (lookup,
 pipelining, verify, the cap, timing) is the ordinary loop's. Knowing the whole trace, `schedule` finds the answers
@@ -14,21 +14,20 @@ so the schedule, replayed through the ordinary loop and timed, lands on the same
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from policies.base import Governor
-from policies.oracle import Decision, Oracle
-from sim.engine.config import PolicyConfig, make_config
-from sim.engine.costs import Profile
-from sim.engine.lookup import PromptLookup
-from sim.engine.loop import LoopParams
-from sim.engine.replay import ReplayRow, geomean, replay
-from sim.engine.timing import ForwardCosts, recurrence_timing
+from sim.core.params import NO_CAP, LoopParams
+from sim.core.protocols import Decision, ForwardCosts
 from sim.engine.trace import Trace
-from sim.errors import ConfigError
+
+
+class IndexedDrafter(Protocol):
+    """A drafter that has indexed the whole trace and answers at any context length (prompt lookup's index)."""
+
+    def propose_at(self, length: int, max_draft: int) -> list[int]: ...
+
 
 B, C = 0, 1  # busy offset classes: the step in flight was submitted with nothing in flight (B) or on a read (C)
 _PLAIN, _PIPELINE, _REFILL, _DROP = Decision(0, False), Decision(0, True), Decision(0, False), Decision(1, False)
@@ -58,7 +57,7 @@ def schedule(  # noqa: C901  (one pass over positions, idle states then busy one
     cap: int,
     loop: LoopParams,
     costs: ForwardCosts,
-    drafter: PromptLookup,
+    drafter: IndexedDrafter,
 ) -> Schedule:
     """The fastest schedule for a trace whose forwards answer `answers[i]` for token i (the trace's tokens, then
     its EOS when it stopped on one), under a cap of `cap` emitted tokens (prefill's included)."""
@@ -139,55 +138,10 @@ def schedule(  # noqa: C901  (one pass over positions, idle states then busy one
 
 
 def trace_schedule(
-    trace: Trace, loop: LoopParams, costs: ForwardCosts, cap: int | None, drafter: PromptLookup
+    trace: Trace, loop: LoopParams, costs: ForwardCosts, cap: int | None, drafter: IndexedDrafter
 ) -> Schedule:
     """`schedule` for a trace replayed under cap `cap` (None: until EOS) with the trace's own drafter index."""
     answers = list(trace.tokens) + ([trace.eos_id] if trace.stop == "eos" else [])
-    return schedule(answers, trace.eos_id, len(trace.prompt_tokens), _cap(cap), loop, costs, drafter)
-
-
-def _cap(cap: int | None) -> int:
-    return cap if cap is not None else 1 << 62  # as the loop: without a cap, until EOS
-
-
-def foresee(
-    governor: Governor, trace: Trace, config: PolicyConfig, cap: int | None, drafter: object, costs: ForwardCosts | None
-) -> None:
-    """Give a non-causal governor its schedule before the run (the only one is `oracle`)."""
-    if not isinstance(governor, Oracle):
-        raise ValueError(f"no schedule is known for the non-causal policy {governor.name}")
-    if not config.drafter.is_default or not isinstance(drafter, PromptLookup):
-        raise ConfigError(
-            f"policy oracle is defined for the default prompt-lookup drafter only, not drafter {config.drafter.name} "
-            "with these settings: drop the drafter settings for the oracle"
-        )
-    if costs is None:
-        raise ValueError("the oracle needs the cost profile it is timed on")
-    governor.follow(trace_schedule(trace, config.loop, costs, cap, drafter).decisions)
-
-
-def headroom_share(speedups: Sequence[float], oracle_speedups: Sequence[float]) -> float:
-    """The share of the oracle's headroom a policy captures: (geomean speedup - 1) / (oracle geomean speedup - 1).
-
-    1 = as fast as the oracle, 0 = as fast as plain decoding, below 0 = slower than plain; nan when the oracle
-    itself gains nothing over plain decoding."""
-    oracle = geomean(oracle_speedups) - 1.0
-    return (geomean(speedups) - 1.0) / oracle if oracle > 0 else math.nan
-
-
-def time_regret(times_ms: Sequence[float], oracle_times_ms: Sequence[float]) -> float:
-    """How much slower than the oracle, as a fraction: geomean of time / oracle time, minus 1 (0 = the oracle)."""
-    return geomean([t / o for t, o in zip(times_ms, oracle_times_ms, strict=True)]) - 1.0
-
-
-def oracle_rows(
-    traces: Sequence[Trace], profiles: Sequence[Profile], loop: LoopParams | None = None, max_tokens: int | None = None
-) -> dict[tuple[str, str], ReplayRow]:
-    """The oracle's replay row (time_ms, plain_time_ms, speedup, ...) per (trace path, profile name), under loop
-    parameters `loop` and cap `max_tokens`: the ordinary replay of its schedule, without jitter."""
-    config = make_config("oracle", dataclasses.asdict(loop or LoopParams()))
-    return {
-        (trace.path, profile.name): replay(trace, config, profile, max_tokens, model=recurrence_timing)
-        for profile in profiles
-        for trace in traces
-    }
+    return schedule(
+        answers, trace.eos_id, len(trace.prompt_tokens), NO_CAP if cap is None else cap, loop, costs, drafter
+    )

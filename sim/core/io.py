@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from sim.errors import UserError
+from sim.core.errors import UserError
 
 MAX_FILE_BYTES = 1 << 30  # no input of this project comes near 1 GiB; /dev/zero and friends would never end
 MAX_INT_DIGITS = 30  # token ids and counts fit in 20 digits; Python refuses over 4300 with a bare ValueError

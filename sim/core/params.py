@@ -1,6 +1,6 @@
 """Parameters as frozen dataclasses: fields with one-line help, loaded from YAML or `key=value` text.
 
-Governors' and the loop's parameters are declared with `param(default, help)`.
+Governors' and the loop's parameters (`LoopParams`, below) are declared with `param(default, help)`.
 `build_params` loads a mapping into such a dataclass: unknown keys are errors
 that name the allowed ones, values are checked (and converted from text)
 against each field's type, and bools are never numbers. `KeyLines` finds the line
@@ -13,15 +13,19 @@ import dataclasses
 import math
 import os
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 
 # Most tokens one round may propose or one n-gram may span: mlxcel drafts at most a few, and the lookup and the cost
 # profiles are sized by it, so a typo such as max_draft=1000000000 is refused rather than run out of memory.
 MAX_SPAN = 64
+# The cap of a run without one (until EOS): more tokens than any reply has, and still an int, so the loop's and the
+# oracle's arithmetic stays in ints.
+NO_CAP = 1 << 62
 # Largest magnitude a policy's real-valued parameter may take; averages stay within a few tokens, and products of
 # such values must stay finite.
 MAX_MAGNITUDE = 1e6
@@ -117,8 +121,29 @@ def describe(cls: type) -> list[tuple[str, Any, str]]:
     return [(f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(cls)]
 
 
+@dataclass(frozen=True)
+class LoopParams:
+    """The loop's own parameters, shared by every engine and drafter that reads them (docs/loop.md)."""
+
+    max_draft: int = param(7, "most tokens one round may propose (mlxcel --prompt-lookup-max-draft)")
+    ngram_min: int = param(2, "shortest suffix the lookup tries to match")
+    ngram_max: int = param(3, "longest suffix the lookup tries first (capped at context length - 1)")
+    plain_rounds_before_pipelining: int = param(2, "rounds in a row with no proposal before plain steps are pipelined")
+
+    def __post_init__(self) -> None:
+        if self.max_draft < 1:
+            raise ConfigError(f"max_draft must be >= 1, got {self.max_draft}")
+        check_range("max_draft", self.max_draft, 1, MAX_SPAN)
+        check_range("ngram_min", self.ngram_min, 1, MAX_SPAN)
+        check_range("ngram_max", self.ngram_max, 1, MAX_SPAN)
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min} and {self.ngram_max}")
+        if self.plain_rounds_before_pipelining < 0:
+            raise ConfigError("plain_rounds_before_pipelining must be >= 0")
+
+
 # ---------------------------------------------------------------- where a YAML key sits, for errors
-# Files read here have already passed the strict loader (`sim.io.parse_yaml`): composing them again is safe, and an
+# Files read here have already passed the strict loader (`sim.core.io.parse_yaml`): composing them again is safe, and an
 # alias is visited once (its anchor's node), never expanded.
 
 

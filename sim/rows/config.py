@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from policies import Governor, policy_class
+from policies import policy_class
+from sim.core.errors import ConfigError
+from sim.core.io import load_yaml
+from sim.core.params import KeyLines, LoopParams, build_params, fields_of
+from sim.core.protocols import Governor, reads_costs
 from sim.drafters.registry import KEY as DRAFTER_KEY
 from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterConfig, make_drafter, parse_drafter, shipped, split_drafter
-from sim.engine.loop import LoopParams
-from sim.engine.params import KeyLines, build_params, fields_of
-from sim.errors import ConfigError
-from sim.io import load_yaml
 
 if TYPE_CHECKING:
-    from sim.engine.timing import ForwardCosts
+    from sim.core.protocols import ForwardCosts
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,10 @@ class PolicyConfig:
     # the drafter (docs/drafters.md); the default, prompt lookup, adds nothing to settings() or labels
     drafter: DrafterConfig = dataclasses.field(default_factory=lambda: make_drafter({}))
 
-    def governor(self, costs: ForwardCosts | None = None) -> Governor:
+    def governor(self, costs: ForwardCosts | None = None) -> Governor[Any]:
         """A fresh governor: replays never share state. One that reads costs is bound to `costs`, which it needs."""
         governor = policy_class(self.policy)(self.params, self.loop.max_draft)
-        if governor.reads_costs:
+        if self.reads_costs:
             if costs is None:
                 raise ValueError(f"policy {self.policy} reads the cost profile: pass the costs it runs on")
             governor.bind(costs)
@@ -45,7 +45,7 @@ class PolicyConfig:
     @property
     def reads_costs(self) -> bool:
         """Whether the run depends on the cost profile (the loop then runs once per profile)."""
-        return policy_class(self.policy).reads_costs
+        return reads_costs(policy_class(self.policy))
 
     def settings(self) -> dict[str, Any]:
         """Every parameter, policy and loop, in one flat mapping (sorted keys)."""

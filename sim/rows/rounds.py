@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.engine.config import PolicyConfig
+from sim.core.errors import RoundsError
+from sim.core.io import load_json, read_bytes
+from sim.engine.actions import COUNTER_NAMES, READ, STEP, LoopResult
 from sim.engine.costs import Profile
-from sim.engine.loop import COUNTER_NAMES, READ, STEP, LoopResult
-from sim.engine.replay import DEFAULT_RISK_MARGIN, ReplayRow, replay_run
-from sim.engine.timing import NO_JITTER, Jitter, RunTiming, Timing, TimingModel, simpy_timing
+from sim.engine.timing import RunTiming, Timing
 from sim.engine.trace import Trace, one_line
-from sim.errors import RoundsError
-from sim.io import load_json, read_bytes
+from sim.rows.config import PolicyConfig
+from sim.rows.replay import Played, ReplayRow, Request, play
 
 # What sim.plot and the notebooks read from each line; a line without one of these is not from --rounds-out.
 RUN_KEYS = ("trace", "policy", "profile", "generated_tokens", *COUNTER_NAMES[1:], "time_ms", "plain_time_ms", "speedup")
@@ -139,19 +139,16 @@ def round_records(result: LoopResult, timed: RunTiming) -> list[dict[str, Any]]:
     return records
 
 
-def replay_rounds(
-    trace: Trace,
-    config: PolicyConfig,
-    profile: Profile,
-    max_tokens: int | None = None,
-    jitter: Jitter = NO_JITTER,
-    model: TimingModel = simpy_timing,
-    risk_margin: float = DEFAULT_RISK_MARGIN,
-    label: str | None = None,
-) -> tuple[ReplayRow, Run]:
-    """A replay row and its round records, from one loop run timed once."""
-    row, result, timed = replay_run(trace, config, profile, max_tokens, jitter, model, risk_margin, label, True)
-    return row, Run(row.as_dict(), round_records(result, timed))
+def run_record(played: Played) -> Run:
+    """The round records of a request played with `keep_iterations=True`, under its row."""
+    return Run(played.row.as_dict(), round_records(played.result, played.timing))
+
+
+def replay_rounds(trace: Trace, config: PolicyConfig, profile: Profile, **options: Any) -> tuple[ReplayRow, Run]:
+    """A replay row and its round records, from one loop run timed once; `options` are the other fields of
+    `Request`."""
+    played = play(Request(trace=trace, config=config, profile=profile, **options), keep_iterations=True)
+    return played.row, run_record(played)
 
 
 # ---------------------------------------------------------------- rounds files

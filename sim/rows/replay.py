@@ -1,9 +1,10 @@
-"""Replay one trace under one configuration on one cost profile: the loop, the timing model, one typed row.
+"""Replay one request (a trace under one configuration on one cost profile): the loop, the timing model, one row.
 
 Greedy verification is lossless, so a recorded run's tokens are what any
 governor would have emitted: the loop replays the trace (`TraceTarget`) and
 counts as mlxcel does, `time_run` times its actions and plain decoding's, and
 the row carries everything that produced it (parameters, profile, hashes).
+A `Request` names one replay; `play` runs it, `replay` is its shorthand.
 """
 
 from __future__ import annotations
@@ -14,16 +15,28 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sim.drafters.base import Drafter
-from sim.drafters.registry import drafter_class
+from policies.oracle import Oracle
+from sim.core.errors import ConfigError
+from sim.core.protocols import Drafter, ForwardCosts, Governor
+from sim.drafters.lookup import PromptLookup
+from sim.drafters.registry import DrafterConfig, drafter_class
 from sim.drafters.stream import World
-from sim.engine.config import PolicyConfig
+from sim.engine.actions import Counters, LoopResult
 from sim.engine.costs import Profile
-from sim.engine.lookup import PromptLookup
-from sim.engine.loop import Counters, LoopResult, TraceTarget, run
-from sim.engine.timing import NO_JITTER, ForwardCosts, Jitter, RunTiming, TimingModel, simpy_timing, time_run
-from sim.engine.trace import Trace
-from sim.errors import ConfigError
+from sim.engine.mlxcel import run
+from sim.engine.schedule import trace_schedule
+from sim.engine.timing import (
+    NO_JITTER,
+    Jitter,
+    RunTiming,
+    TimingModel,
+    simpy_timing,
+    speedup,
+    time_run,
+    tokens_per_second,
+)
+from sim.engine.trace import Trace, TraceTarget
+from sim.rows.config import PolicyConfig
 
 # Top-1 minus top-2 logit below which a slot decided by a multi-token verify counts as a parity risk.
 # A threshold to choose per model and dtype, not a measurement.
@@ -100,50 +113,44 @@ def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile])
             profile.check_width(config.loop.max_draft + 1)
 
 
+def require_oracle_drafter(drafter: DrafterConfig, remedy: str) -> None:
+    """The oracle's schedule is searched over prompt lookup's proposals (docs/oracle.md): with any other drafter, or
+    lookup with other settings, it is refused; `remedy` says how, in the caller's terms."""
+    if not drafter.is_default:
+        raise ConfigError(
+            f"the oracle is defined for the default prompt-lookup drafter only, not drafter {drafter.name} "
+            f"(docs/oracle.md); {remedy}"
+        )
+
+
+def foresee(governor: Governor[Any], trace: Trace, config: PolicyConfig, cap: int | None, drafter: Drafter) -> None:
+    """Give a non-causal governor its schedule before the run (the only one is `oracle`, bound to its costs)."""
+    if not isinstance(governor, Oracle):
+        raise ValueError(f"no schedule is known for the non-causal policy {governor.name}")
+    require_oracle_drafter(config.drafter, "drop the drafter settings for the oracle")
+    if governor.costs is None or not isinstance(drafter, PromptLookup):
+        raise ValueError("the oracle needs the cost profile it is timed on and the trace's prompt-lookup index")
+    governor.follow(trace_schedule(trace, config.loop, governor.costs, cap, drafter).decisions)
+
+
 def run_trace(
     trace: Trace,
     config: PolicyConfig,
+    *,
     max_tokens: int | None = None,
-    keep_iterations: bool = False,
     costs: ForwardCosts | None = None,
     world: World | None = None,
+    keep_iterations: bool = False,
 ) -> LoopResult:
     """The loop over a trace: counters and action log, no timing. `costs` is the profile a governor that reads
     costs is bound to (the others ignore it); `world` places the trace in a stream of requests (--as-stream)."""
-    loop = config.loop
     target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
     drafter = request_drafter(trace, config, world)
     governor = config.governor(costs)
     cap = effective_max_tokens(trace, max_tokens)
     if not governor.causal:  # the hindsight oracle: its schedule is computed from the whole trace first
-        from sim.engine.oracle import foresee  # imported here: that module imports this one
-
-        foresee(governor, trace, config, cap, drafter, costs)
-    return run(
-        target,
-        governor,
-        loop,
-        trace.prompt_tokens,
-        cap,
-        drafter,
-        keep_iterations=keep_iterations,
-    )
-
-
-def time_trace_run(
-    trace: Trace,
-    result: LoopResult,
-    costs: ForwardCosts,
-    max_tokens: int | None = None,
-    jitter: Jitter = NO_JITTER,
-    model: TimingModel = simpy_timing,
-    keep_host_times: bool = False,
-    drafting: tuple[float, float] = (0.0, 0.0),
-) -> RunTiming:
-    """`time_run` for a loop result over `trace`: its prompt, and whether plain decoding reads an EOS; `drafting`
-    is the drafter's host cost (ms per lookup, ms per proposed token)."""
-    eos = stopped_on_eos(effective_max_tokens(trace, max_tokens), result.counters.generated)
-    return time_run(result, costs, len(trace.prompt_tokens), eos, jitter, model, keep_host_times, drafting)
+        foresee(governor, trace, config, cap, drafter)
+    return run(target, governor, config.loop, trace.prompt_tokens, cap, drafter, keep_iterations=keep_iterations)
 
 
 def risky_verifies(trace: Trace, spans: list[tuple[int, int]], margin: float) -> int | None:
@@ -159,7 +166,30 @@ def risky_verifies(trace: Trace, spans: list[tuple[int, int]], margin: float) ->
     return sum(any(m is not None and m < margin for m in margins[start : start + landed]) for start, landed in spans)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """One replay: a trace under a configuration on a cost profile, and how to time it.
+
+    `max_tokens` may only shorten the trace's own cap; `jitter` is seeded noise on every time; `model` the timing
+    model (the simpy model, or its recurrence); `risk_margin` the near-tie threshold for `risky_verifies`; `label`
+    the row's name (default: the configuration's); `world` the trace's place in a stream of requests."""
+
+    trace: Trace
+    config: PolicyConfig
+    profile: Profile
+    max_tokens: int | None = None
+    jitter: Jitter = NO_JITTER
+    model: TimingModel = simpy_timing
+    risk_margin: float = DEFAULT_RISK_MARGIN
+    label: str | None = None
+    world: World | None = None
+
+    @property
+    def cap(self) -> int | None:
+        return effective_max_tokens(self.trace, self.max_tokens)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReplayRow:
     """One trace under one configuration on one profile. `as_dict()` is the public `--json` row."""
 
@@ -179,7 +209,7 @@ class ReplayRow:
     @property
     def speedup(self) -> float:
         """Plain decoding's time over this run's: > 1 is faster than plain."""
-        return self.plain_time_ms / self.time_ms if self.time_ms > 0 else 1.0
+        return speedup(self.plain_time_ms, self.time_ms)
 
     @property
     def generated(self) -> int:
@@ -206,61 +236,90 @@ class ReplayRow:
             "time_ms": self.time_ms,
             "plain_time_ms": self.plain_time_ms,
             "speedup": self.speedup,
-            "tok_s": 1000.0 * generated / self.time_ms if self.time_ms > 0 else 0.0,
-            "plain_tok_s": 1000.0 * generated / self.plain_time_ms if self.plain_time_ms > 0 else 0.0,
+            "tok_s": tokens_per_second(generated, self.time_ms),
+            "plain_tok_s": tokens_per_second(generated, self.plain_time_ms),
             **({"stream": {"index": self.stream[0], "requests": self.stream[1]}} if self.stream else {}),
         }
 
 
-def replay(
+def time_trace_run(
     trace: Trace,
-    config: PolicyConfig,
-    profile: Profile,
+    result: LoopResult,
+    costs: ForwardCosts,
+    *,
     max_tokens: int | None = None,
     jitter: Jitter = NO_JITTER,
     model: TimingModel = simpy_timing,
-    risk_margin: float = DEFAULT_RISK_MARGIN,
-    label: str | None = None,
-    world: World | None = None,
-) -> ReplayRow:
-    """One row: counters, simulated time and plain decoding's, with everything that produced them."""
-    return replay_run(trace, config, profile, max_tokens, jitter, model, risk_margin, label, world=world)[0]
-
-
-def replay_run(
-    trace: Trace,
-    config: PolicyConfig,
-    profile: Profile,
-    max_tokens: int | None = None,
-    jitter: Jitter = NO_JITTER,
-    model: TimingModel = simpy_timing,
-    risk_margin: float = DEFAULT_RISK_MARGIN,
-    label: str | None = None,
-    keep_iterations: bool = False,
-    world: World | None = None,
-) -> tuple[ReplayRow, LoopResult, RunTiming]:
-    """`replay`'s row with the loop result and its timing; `keep_iterations` also keeps every iteration and the
-    host clock after every action, for round-by-round records; `world` places the trace in a stream."""
-    require_widths([config], [profile])
-    result = run_trace(trace, config, max_tokens, keep_iterations, costs=profile, world=world)
-    timed = time_trace_run(
-        trace, result, profile, max_tokens, jitter, model, keep_iterations, config.drafter.host_cost()
+    keep_host_times: bool = False,
+    drafting: tuple[float, float] = (0.0, 0.0),
+) -> RunTiming:
+    """`time_run` for a loop result over `trace` under cap `max_tokens`: its prompt, and whether plain decoding
+    reads an EOS; `drafting` is the drafter's host cost (ms per lookup, ms per proposed token)."""
+    return time_run(
+        result,
+        costs,
+        prompt_tokens=len(trace.prompt_tokens),
+        stopped_on_eos=stopped_on_eos(effective_max_tokens(trace, max_tokens), result.counters.generated),
+        jitter=jitter,
+        model=model,
+        keep_host_times=keep_host_times,
+        drafting=drafting,
     )
-    row = ReplayRow(
+
+
+@dataclass(frozen=True)
+class Played:
+    """A request's row, with the loop result and its timing it was made from."""
+
+    row: ReplayRow
+    result: LoopResult
+    timing: RunTiming
+
+
+def play(request: Request, keep_iterations: bool = False) -> Played:
+    """The row of `request` with its loop result and timing; `keep_iterations` also keeps every iteration and the
+    host clock after every action, for round-by-round records."""
+    trace, config, world = request.trace, request.config, request.world
+    require_widths([config], [request.profile])
+    result = run_trace(
         trace,
         config,
-        label or config.label(),
-        profile,
-        effective_max_tokens(trace, max_tokens),
-        jitter,
-        result.counters,
-        timed.time_ms,
-        timed.plain_ms,
-        risk_margin,
-        risky_verifies(trace, result.drafted_spans, risk_margin),
-        (world.index, len(world.stream.replies)) if world is not None else None,
+        max_tokens=request.max_tokens,
+        costs=request.profile,
+        world=world,
+        keep_iterations=keep_iterations,
     )
-    return row, result, timed
+    timed = time_trace_run(
+        trace,
+        result,
+        request.profile,
+        max_tokens=request.max_tokens,
+        jitter=request.jitter,
+        model=request.model,
+        keep_host_times=keep_iterations,
+        drafting=config.drafter.host_cost(),
+    )
+    row = ReplayRow(
+        trace=trace,
+        config=config,
+        label=request.label or config.label(),
+        profile=request.profile,
+        max_tokens=request.cap,
+        jitter=request.jitter,
+        counters=result.counters,
+        time_ms=timed.time_ms,
+        plain_time_ms=timed.plain_ms,
+        risk_margin=request.risk_margin,
+        risky_verifies=risky_verifies(trace, result.drafted_spans, request.risk_margin),
+        stream=(world.index, len(world.stream.replies)) if world is not None else None,
+    )
+    return Played(row, result, timed)
+
+
+def replay(trace: Trace, config: PolicyConfig, profile: Profile, **options: Any) -> ReplayRow:
+    """`play(Request(trace=..., config=..., profile=..., **options)).row`: one row, with everything that produced it;
+    `options` are the other fields of `Request`."""
+    return play(Request(trace=trace, config=config, profile=profile, **options)).row
 
 
 def geomean(values: Sequence[float]) -> float:

@@ -1,0 +1,59 @@
+"""What the governors that read the cost profile share: C(w) per width at the current context, and the width
+with the most expected tokens per millisecond (docs/governors.md, section 8).
+
+`best_width` is the specification; goodput and regime inline it in their hot loop (one pass over the depths) and a
+property test holds each inline equal to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sim.core.protocols import ForwardCosts
+
+# Cost tables are recomputed when the context has grown by this many tokens: costs move slowly with context
+# (docs/profiles.md), and pricing every width on every iteration would dominate a trial's time.
+COST_REFRESH_TOKENS = 64
+
+
+class CostTable:
+    """C(w) for w = 0..max_draft at the current context: C(0) = P = max(device_ms(1, n), host_gap_ms(n)), the
+    pipelined step's cost per token; C(w) = device_ms(w + 1, n) + host_gap_ms(n), a synchronous verify.
+    `resume_gaps` host gaps are added to every C(w >= 1) in `resume`: what a verify costs on top when the
+    iteration before it did not verify (docs/governors.md, section 8)."""
+
+    def __init__(self, costs: ForwardCosts, max_draft: int, resume_gaps: float = 0.0):
+        self.costs = costs
+        self.max_draft = max_draft
+        self.resume_gaps = resume_gaps
+        self.at = -COST_REFRESH_TOKENS  # context length the table was priced at
+        self.ms: list[float] = []
+        self.resume: list[float] = []
+        self.inverse: list[float] = []
+        self.inverse_resume: list[float] = []
+
+    def at_context(self, context: int) -> list[float]:
+        if context - self.at >= COST_REFRESH_TOKENS or context < self.at:
+            device, gap = self.costs.device_ms, self.costs.host_gap_ms(context)
+            pipelined = max(device(1, context), gap)
+            self.ms = [pipelined] + [device(w + 1, context) + gap for w in range(1, self.max_draft + 1)]
+            self.resume = [pipelined] + [ms + self.resume_gaps * gap for ms in self.ms[1:]]
+            # 1 / C(w): rates become products (this runs on every iteration that has a draft)
+            self.inverse = [1.0 / ms for ms in self.ms]
+            self.inverse_resume = [1.0 / ms for ms in self.resume]
+            self.at = context
+        return self.ms
+
+
+def best_width(survival: Sequence[float], ms: Sequence[float], cap: int, margin: float) -> int:
+    """argmax over w in 0..cap of E(w)/C(w), E(w) = 1 + sum of the first w survivals; every width is tried
+    (measured costs are not convex). A width > 0 wins only when its rate beats pausing's by `margin`
+    (relative); ties go to the narrower width."""
+    expected = 1.0
+    best, best_rate = 0, 0.0
+    for w in range(1, cap + 1):
+        expected += survival[w - 1]
+        rate = expected / ms[w]
+        if rate > best_rate:
+            best, best_rate = w, rate
+    return best if best_rate > (1.0 + margin) / ms[0] else 0

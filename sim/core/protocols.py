@@ -1,0 +1,159 @@
+"""The protocols every stage is written against: governor, drafter, target and forward costs.
+
+A governor answers one question per loop iteration (`budget()`: how many tokens
+may be proposed now) and learns from each drafted round (`record(accepted)`).
+Paused governors may ask the loop to run free shadow probes (`probes_while_paused`)
+and are told when one comes true (`shadow_confirmed`). Two optional
+capabilities, each simply a method a governor overrides: `bind(costs)` gives it
+the cost profile before its run (its decisions then differ per profile), and
+`observe(context, draft)` shows it, before every `budget()`, the context as it
+stands and the drafter's answer for it at `max_draft` tokens, computed once by
+the loop. Both are what a real decode knows at that moment. docs/governors.md
+states every rule.
+
+A drafter never runs a forward: it reads the context (prompt plus every emitted
+token) and answers with at most `max_draft` tokens; `draft` gives the same
+tokens with what produced them. A target is the model the loop drives: a
+recorded trace in replay, a real model on hardware. Forward costs are what the
+timing model charges (a cost profile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+# ---------------------------------------------------------------- drafter
+
+PROMPT = "prompt"  # the match's continuation starts inside the prompt
+OUTPUT = "output"  # ... inside the reply emitted so far
+GLOBAL = "global"  # ... inside an earlier request's reply (drafters with a cross-request cache)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A proposal and how it was found: `match_length` tokens of context matched (0: no match), where the
+    continuation comes from (`source`: PROMPT, OUTPUT, GLOBAL, or "" without a match), the drafter's own score
+    and per-token probability estimates (empty when the drafter has none)."""
+
+    tokens: list[int]
+    match_length: int = 0
+    source: str = ""
+    score: float = 0.0
+    probs: tuple[float, ...] = ()
+
+
+NO_DRAFT = Draft([])
+
+
+class Drafter(Protocol):
+    def propose(self, context: Sequence[int], max_draft: int) -> list[int]: ...
+
+    def draft(self, context: Sequence[int], max_draft: int) -> Draft: ...
+
+
+# ---------------------------------------------------------------- target and forward costs
+
+
+class Target(Protocol):
+    """What a loop needs from a model: a trace in replay (`sim.engine.trace.TraceTarget`), a real model on
+    hardware (`sim.hardware.target.TorchTarget`)."""
+
+    def prefill(self) -> int: ...  # run the prompt, return the first token
+
+    def submit(self) -> None: ...  # one-token forward of the newest token, result left on the device
+
+    def read(self) -> int: ...  # the oldest submitted step's token
+
+    def verify(self, proposal: list[int]) -> list[int]: ...  # forward [current] + proposal; greedy token per slot
+
+    def rollback(self, n: int) -> None: ...  # drop the last n positions the last verify wrote
+
+    def is_eos(self, token: int) -> bool: ...
+
+
+class ForwardCosts(Protocol):
+    """What the timing model charges: a forward of `width` tokens at context length `context` (docs/timing.md)."""
+
+    def device_ms(self, width: int, context: int) -> float: ...
+
+    def host_gap_ms(self, context: int) -> float: ...
+
+    def prefill_ms(self, prompt_tokens: int) -> float: ...
+
+    def check_width(self, width: int) -> None: ...
+
+
+# ---------------------------------------------------------------- governor
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One iteration's answers: `budget()` and `probes_while_paused()` (which also forces a plain step to be
+    pipelined, docs/loop.md step 6). The hindsight oracle's schedule is a list of them."""
+
+    budget: int
+    probes: bool
+
+
+class Governor(Generic[P]):
+    """Base of every policy: the protocol methods, with the defaults of a governor that never pauses."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type]
+    # Decisions depend only on the past. Only a hindsight oracle is not causal; hardware runs and studies refuse it.
+    causal: ClassVar[bool] = True
+    # Claims a shadow probe carries and settles on (mlxcel's SHADOW_CONFIRM); gated makes it a parameter.
+    shadow_confirm_length: int = 2
+
+    def __init__(self, params: P, max_draft: int):
+        self.params = params
+        self.max_draft = max_draft
+
+    def bind(self, costs: ForwardCosts) -> None:
+        """Overridden by a governor that reads the cost profile: called once before its run."""
+
+    def observe(self, context: Sequence[int], draft: Draft) -> None:
+        """Overridden by a governor that watches the context: called before every budget() with the context as it
+        stands (an in-flight token is not in it) and the drafter's answer for it at `max_draft` tokens."""
+
+    def budget(self) -> int:
+        raise NotImplementedError
+
+    def record(self, accepted: int) -> None:
+        pass
+
+    def probes_while_paused(self) -> bool:
+        return False
+
+    def shadow_confirmed(self) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        """The governor's mutable state, for round records (everything but its configuration)."""
+        return {k: v for k, v in vars(self).items() if k not in ("params", "max_draft", "shadow_confirm_length")}
+
+
+def reads_costs(cls: type[Governor[Any]]) -> bool:
+    """Whether a governor class reads the cost profile (overrides `bind`): its run then differs per profile."""
+    return cls.bind is not Governor.bind
+
+
+def watches_context(cls: type[Governor[Any]]) -> bool:
+    """Whether a governor class watches the context (overrides `observe`): the loop then drafts for it."""
+    return cls.observe is not Governor.observe
+
+
+def settle(probe: tuple[int, list[int]], context: Sequence[int], claims: int) -> bool | None:
+    """docs/shadow-probes.md: True once the first `claims` claims came true, False at the first that did not,
+    None while undecided."""
+    start, proposal = probe
+    for i, claim in enumerate(proposal[:claims]):
+        if start + i >= len(context):
+            return None
+        if context[start + i] != claim:
+            return False
+    return True
