@@ -141,11 +141,11 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
 def _require_widths(arms: list[Any], profile: Any, path: Path) -> None:
     """Every arm's widest verify (max_draft + 1) priced by the profile, else one line naming the missing width and
     the `sim.measure --max-width` that measures it."""
-    short = [a for a in arms if a.config is not None and a.config.loop.max_draft + 1 > profile.widest]
+    short = [a for a in arms if a.config is not None and a.config.loop.verify_width > profile.widest]
     if not short:
         return
-    need = max(a.config.loop.max_draft + 1 for a in short)
-    arm = next(a for a in short if a.config.loop.max_draft + 1 == need)
+    need = max(a.config.loop.verify_width for a in short)
+    arm = next(a for a in short if a.config.loop.verify_width == need)
     raise ProfileError(
         f"{path}: profile {profile.name} measures verify widths 1..{profile.max_width}, but arm {arm.label} "
         f"(max_draft={need - 1}) needs width {need}: measure the profile with `python -m sim.measure "

@@ -22,7 +22,7 @@ from sim.core.params import MAX_SPAN, LoopParams, describe
 from sim.drafters.registry import parse_drafter, split_drafter
 from sim.drafters.stream import Stream, World, stream_order
 from sim.engine.costs import DEFAULT_PROFILE, Profile, bundled_profiles, load_profile, resolve
-from sim.engine.timing import MAX_SEED, Jitter, speedup
+from sim.engine.timing import MAX_SEED, Jitter, speedup, tokens_per_second
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
 from sim.rows.headroom import headroom_share, row_oracle_ms, time_regret
@@ -220,8 +220,8 @@ def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
         f"proposed={c.proposed} accepted={c.accepted} acceptance_rate={c.acceptance_rate:.2f} "
         f"tokens_per_forward={c.tokens_per_forward:.2f} shadow_confirmations={c.shadow_confirmations}\n"
         f"[Simulated] generated={c.generated} time={row.time_ms:.1f} ms "
-        f"({1000.0 * c.generated / row.time_ms:.1f} tok/s)  plain={row.plain_time_ms:.1f} ms "
-        f"({1000.0 * c.generated / row.plain_time_ms:.1f} tok/s)  speedup={row.speedup:.3f}x"
+        f"({tokens_per_second(c.generated, row.time_ms):.1f} tok/s)  plain={row.plain_time_ms:.1f} ms "
+        f"({tokens_per_second(c.generated, row.plain_time_ms):.1f} tok/s)  speedup={row.speedup:.3f}x"
     )
     if row.risky_verifies is not None:
         text += (

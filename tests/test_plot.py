@@ -108,6 +108,7 @@ def make_study(storage, multi: bool, rows: bool, n_trials: int = 6) -> None:
     study.optimize(objective, n_trials=n_trials)
 
 
+@pytest.mark.slow  # draws several figures: seconds each, more on a busy machine
 def test_round_figures_are_real_pngs_named_by_trace_and_profile(rounds_file, tmp_path):
     """Three figures per trace and profile, named TRACE_PROFILE_{timeline,rounds,gap}.png, each a real image."""
     done = cli("rounds", str(rounds_file), "--out", str(tmp_path / "figs"))
@@ -124,6 +125,7 @@ def test_round_figures_are_real_pngs_named_by_trace_and_profile(rounds_file, tmp
         assert_real_png(tmp_path / "figs" / name)
 
 
+@pytest.mark.slow  # draws several figures: seconds each, more on a busy machine
 def test_round_figures_are_byte_identical_on_a_rerun(rounds_file, tmp_path):
     """Same rounds file, same PNG bytes (no timestamps or version strings in the files)."""
     assert main(["rounds", str(rounds_file), "--out", str(tmp_path / "a")]) == 0
@@ -134,6 +136,7 @@ def test_round_figures_are_byte_identical_on_a_rerun(rounds_file, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+@pytest.mark.slow  # draws several figures: seconds each, more on a busy machine
 def test_multi_objective_study_gives_all_four_figures(tmp_path):
     """A two-objective study whose trials carry rows: history, importances, Pareto front and per-row speedups."""
     storage = f"sqlite:///{tmp_path / 'multi.db'}"

@@ -141,6 +141,11 @@ class LoopParams:
         if self.plain_rounds_before_pipelining < 0:
             raise ConfigError("plain_rounds_before_pipelining must be >= 0")
 
+    @property
+    def verify_width(self) -> int:
+        """The widest verify forward this loop can ask for: the current token and max_draft proposals."""
+        return self.max_draft + 1
+
 
 # ---------------------------------------------------------------- where a YAML key sits, for errors
 # Files read here have already passed the strict loader (`sim.core.io.parse_yaml`): composing them again is safe, and an

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sim.core.params import LoopParams, param
 from sim.core.protocols import NO_DRAFT, OUTPUT, PROMPT, Draft
@@ -127,6 +127,7 @@ class LookupParams:
 
 @register("lookup")
 class Lookup:
+    name: ClassVar[str]  # set by register
     Params = LookupParams
     cross_request = False
 

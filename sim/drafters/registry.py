@@ -11,12 +11,13 @@ parameters, so its `Params` holds only the optional host cost.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from sim.core.errors import ConfigError
 from sim.core.params import build_params
+from sim.core.registry import Registry
 
 if TYPE_CHECKING:
     from sim.core.params import LoopParams
@@ -42,25 +43,16 @@ class DrafterFamily(Protocol):
     def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> Drafter: ...
 
 
-REGISTRY: dict[str, type[DrafterFamily]] = {}
-
-
-def register(name: str) -> Callable[[type[Any]], type[Any]]:
-    def add(cls: type[Any]) -> type[Any]:
-        if name in REGISTRY:
-            raise ConfigError(f"drafter {name!r} registered twice")
-        cls.name = name
-        REGISTRY[name] = cls
-        return cls
-
-    return add
+# Held as Any: a family is checked against DrafterFamily where it is asked for (drafter_class), since a class object
+# only matches the protocol's classmethods structurally.
+REGISTRY: Registry[Any] = Registry("drafter")
+register = REGISTRY.register
 
 
 def drafter_class(name: str) -> type[DrafterFamily]:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown drafter {name!r}; registered: {', '.join(sorted(REGISTRY))}") from None
+    """The family registered as `name`; an unknown name is a user error listing the registered ones."""
+    family: type[DrafterFamily] = REGISTRY.get_class(name)
+    return family
 
 
 @dataclass(frozen=True)

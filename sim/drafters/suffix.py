@@ -21,7 +21,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sim.core.params import MAX_SPAN, check_range, param
 from sim.core.protocols import GLOBAL, NO_DRAFT, OUTPUT, PROMPT, Draft
@@ -227,6 +227,7 @@ def request_tree(tokens: Sequence[int], depth: int) -> SuffixTrie:
 
 @register("suffix")
 class Suffix:
+    name: ClassVar[str]  # set by register
     Params = SuffixParams
     cross_request = True
 

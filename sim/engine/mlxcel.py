@@ -28,6 +28,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
     """Decode until EOS or `max_tokens` (None: until EOS) under `governor`; count as mlxcel does."""
     out = LoopResult(iterations=[] if keep_iterations else None)
     c, actions, contexts, log = out.counters, out.actions, out.contexts, out.iterations
+    lookups, drafted_spans = out.lookups, out.drafted_spans
     context = list(prompt)
 
     first = target.prefill()  # prefill emits the first token; it is not a round
@@ -65,10 +66,10 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
         probe_made = False
         if not paused:
             proposal = drafter.propose(context, budget)
-            out.lookups.append((len(actions), len(proposal)))
+            lookups.append((len(actions), len(proposal)))
         elif probe is None and governor.probes_while_paused():
             claims = drafter.propose(context, governor.shadow_confirm_length)
-            out.lookups.append((len(actions), len(claims)))  # the iteration's first action waits for it
+            lookups.append((len(actions), len(claims)))  # the iteration's first action waits for it
             if len(claims) == governor.shadow_confirm_length:
                 probe = (len(context), claims)  # claims[i] is about the token landing at position len + i
                 probe_made = True
@@ -115,22 +116,12 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
             actions.append(width)
             contexts.append(len(context))
             c.rounds += 1
-            for slot, token in enumerate(target.verify(proposal)):
-                if target.is_eos(token):
-                    eos = True
-                    break
-                context.append(token)  # the target's token is emitted whether or not it matched
-                emitted += 1
-                landed += 1
-                # The round extends only while the target agrees with the proposal in the same slot.
-                if slot < len(proposal) and token == proposal[slot] and emitted < cap:
-                    accepted += 1
-                else:
-                    break
+            accepted, landed, eos = walk(target, proposal, context, cap - emitted)
+            emitted += landed
             if accepted < len(proposal):
                 target.rollback(len(proposal) - accepted)  # the rejected proposal positions leave the cache
             if proposal:
-                out.drafted_spans.append((emitted - landed, landed))
+                drafted_spans.append((emitted - landed, landed))
                 c.drafted_rounds += 1
                 c.proposed += len(proposal)
                 c.accepted += accepted
@@ -161,3 +152,21 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
     c.generated = emitted
     out.tokens = context[len(prompt) :]
     return out
+
+
+def walk(target: Target, proposal: list[int], context: list[int], room: int) -> tuple[int, int, bool]:
+    """Step 7's slots, in order: forward [current] + proposal and emit the target's token at each slot (onto
+    `context`) while it agrees with the proposal, then the one after the last match (replacement or bonus); stop on
+    EOS or once `room` tokens (the cap less what was emitted) landed. Returns (accepted, landed, eos)."""
+    accepted = landed = 0
+    for slot, token in enumerate(target.verify(proposal)):
+        if target.is_eos(token):
+            return accepted, landed, True
+        context.append(token)  # the target's token is emitted whether or not it matched
+        landed += 1
+        # The round extends only while the target agrees with the proposal in the same slot, below the cap.
+        if slot < len(proposal) and token == proposal[slot] and landed < room:
+            accepted += 1
+        else:
+            break
+    return accepted, landed, False

@@ -46,7 +46,7 @@ from sim.drafters.registry import live_drafter
 from sim.engine.actions import Counters
 from sim.engine.costs import Profile
 from sim.engine.mlxcel import run
-from sim.engine.timing import recurrence_timing
+from sim.engine.timing import recurrence_timing, tokens_per_second
 from sim.engine.trace import Trace
 from sim.hardware.arms import PLAIN, Arm, build_arms  # noqa: F401 (the library's API)
 from sim.hardware.model import LoadedModel
@@ -176,11 +176,11 @@ def _rows(
     plain_runs = runs[PLAIN]
     plain_tokens = plain_runs[0].tokens
     generated = len(plain_tokens)
-    plain_tok_s = statistics.median(1000.0 * generated / r.ms for r in plain_runs)
+    plain_tok_s = statistics.median(tokens_per_second(generated, r.ms) for r in plain_runs)
     out = []
     for arm in arms:
         results = runs[arm.label]
-        tok_s = [1000.0 * len(r.tokens) / r.ms for r in results]
+        tok_s = [tokens_per_second(len(r.tokens), r.ms) for r in results]
         row: dict[str, Any] = {
             "trace": trace.name,
             "trace_sha256": trace.sha256,
@@ -193,7 +193,9 @@ def _rows(
             "tok_s_median": statistics.median(tok_s),
             "speedup": statistics.median(tok_s) / plain_tok_s,
             # the same ratio within each repetition (arms ran back to back): its spread is the noise floor
-            "speedup_reps": [t / (1000.0 * len(p.tokens) / p.ms) for t, p in zip(tok_s, plain_runs, strict=True)],
+            "speedup_reps": [
+                t / tokens_per_second(len(p.tokens), p.ms) for t, p in zip(tok_s, plain_runs, strict=True)
+            ],
             # every repetition, every arm: the very tokens plain decoding emitted
             "parity": all(r.tokens == plain_tokens for r in results),
         }

@@ -287,8 +287,8 @@ def load_model(
             else:
                 model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dt, local_files_only=True)
                 # transformers decorates PreTrainedModel.to with functools.wraps, and typeshed's _Wrapped is no
-                # method descriptor, so mypy takes `dev` for the unbound self.
-                model = model.to(dev)  # type: ignore[arg-type]
+                # method descriptor, so mypy takes `dev` for the unbound self (without torch, nothing to ignore).
+                model = model.to(dev)  # type: ignore[arg-type, unused-ignore]
         except (OSError, ValueError, KeyError) as err:
             raise ModelError(f"--model {path}: cannot load ({str(err).splitlines()[0]})") from None
         prompter = _local_prompter(folder) or _gpt2_prompter(config.vocab_size)

@@ -19,19 +19,12 @@ from typing import Any
 
 from sim.core.errors import ModelError
 from sim.engine.trace import header_line, token_line, write_trace
-from sim.hardware.model import LoadedModel, Prompter
+from sim.hardware.model import LoadedModel
 from sim.hardware.options import progress
 from sim.hardware.prompts import PromptFile, encode, output_paths, read_prompt  # noqa: F401 (the library's API)
 from sim.hardware.target import TorchTarget, decode_plain
 
 DIGITS = 5  # logits and margins are rounded so that files stay short and diff cleanly
-
-
-def prompt_source(path: str, prompter: Prompter, use_chat_template: bool) -> tuple[str, list[int], dict[str, Any]]:
-    """(name, prompt tokens, header metadata) from a text file, or from a trace file's prompt tokens."""
-    prompt = read_prompt(path)
-    tokens, meta = encode(prompt, prompter, use_chat_template)
-    return prompt.name, tokens, meta
 
 
 def record_one(

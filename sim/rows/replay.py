@@ -110,7 +110,7 @@ def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile])
     profiles = list(profiles)
     for config in configs:
         for profile in profiles:
-            profile.check_width(config.loop.max_draft + 1)
+            profile.check_width(config.loop.verify_width)
 
 
 def require_oracle_drafter(drafter: DrafterConfig, remedy: str) -> None:
