@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import threading
@@ -15,10 +16,60 @@ from sim.core.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, its usage errors one `error: ...` line on stderr and exit 2 (subcommands inherit it)."""
+    """argparse's parser, its usage errors one `error: ...` line on stderr and exit 2 (subcommands inherit it).
+
+    Stricter than argparse in three ways, as a config file is: an option given twice is refused (argparse would keep
+    the last one silently), an option's value may not be empty (`--policy=` would silently mean the default), and an
+    option is named in full (an abbreviation such as `--pol` could silently change meaning when options are added).
+    Repeatable options (`action="append"`, counts) may repeat.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see --help)\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        self._refuse_repeats(argv)
+        parsed, rest = super().parse_known_args(argv, namespace)
+        for action in self._actions:
+            if isinstance(action, argparse._StoreAction) and action.option_strings:
+                if getattr(parsed, action.dest, None) == "":
+                    self.error(f"argument {'/'.join(action.option_strings)}: expected a value, got an empty one")
+        return parsed, rest
+
+    def _refuse_repeats(self, argv: list[str]) -> None:
+        """An option that takes one value or is a switch, given twice before a `--` or a subcommand's arguments."""
+        single = {
+            option: action
+            for action in self._actions
+            for option in action.option_strings
+            if not isinstance(action, (argparse._AppendAction, argparse._CountAction, argparse._HelpAction))
+        }
+        seen: dict[str, str] = {}
+        for token in argv:
+            if token == "--":
+                break
+            if token in self._subcommands():
+                break  # the rest is the subcommand's, parsed (and checked) by its own parser
+            name = token.split("=", 1)[0] if token.startswith("--") else token[:2] if token.startswith("-") else ""
+            action = single.get(name)
+            if action is None:
+                continue
+            if action.dest in seen:
+                self.error(f"{seen[action.dest]} given twice ({name} again): give it once")
+            seen[action.dest] = name
+
+    def _subcommands(self) -> set[str]:
+        return {
+            choice
+            for action in self._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for choice in action.choices
+        }
 
 
 def int_in(low: int, high: int) -> Callable[[str], int]:
@@ -76,6 +127,9 @@ def run(body: Callable[[], int]) -> int:
     Only `UserError`, `OSError` and `KeyboardInterrupt` are caught: any other exception is a bug and keeps its
     traceback.
     """
+    # Results, storages and the folders that hold them are never world- or group-writable, whatever the umask the
+    # command was started with (under umask 000 a journal would be 0666 and a folder 0777): at least 022 is masked.
+    os.umask(os.umask(0o022) | 0o022)
     default_hook = sys.unraisablehook
     again: list[threading.Thread] = []
 

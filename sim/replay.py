@@ -17,7 +17,7 @@ from pathlib import Path
 from policies import REGISTRY, policy_class
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
-from sim.core.io import refuse_inputs_as_outputs, same_file, write_atomic
+from sim.core.io import check_out_file, refuse_inputs_as_outputs, same_file, write_atomic
 from sim.core.params import MAX_SPAN, LoopParams, describe
 from sim.drafters.registry import parse_drafter, split_drafter
 from sim.drafters.stream import Stream, World, stream_order
@@ -139,8 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--seed",
         type=cli.int_in(0, MAX_SEED),
-        default=0,
-        help=f"seed of the jitter generator (0..{MAX_SEED}; default 0)",
+        help=f"seed of the jitter generator, with --jitter (0..{MAX_SEED}; default 0)",
     )
     parser.add_argument(
         "--risk-margin",
@@ -158,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.jsonl",
         help="also write every run round by round: per run a 'run' line (the --json row) followed "
         "by one 'round' line per loop iteration (fields: docs/trace-format.md); plot with python -m sim.plot. "
-        "It may not be one of the command's inputs (a trace, profile or config file)",
+        "It may not be one of the command's inputs (a trace, profile or config file); an existing file is replaced "
+        "only with --force",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace a file already at --rounds-out (never one of the inputs)"
     )
     parser.add_argument(
         "--oracle",
@@ -172,9 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     """The configurations to replay, each with its label."""
-    settings = parse_assignments(args.settings)
+    if args.policy is not None and args.compare is not None:
+        raise ConfigError("--policy and --compare cannot be combined: name the policy in --compare's list")
+    settings = parse_assignments(args.settings, "--set")
     for key in ("max_draft", "ngram_min", "ngram_max"):  # --max-draft and co. are shorthands for --set key=...
         if getattr(args, key) is not None:
+            if key in settings:
+                raise ConfigError(f"--{key.replace('_', '-')} and --set {key}=... both set {key}: give it once")
             settings[key] = getattr(args, key)
     if args.drafter is not None:  # --drafter NAME:k=v is a shorthand for --set drafter=NAME --set drafter.k=v
         drafter = parse_drafter(args.drafter)
@@ -323,9 +330,10 @@ def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, float]
     ]
 
 
-def _check_rounds_out(path: str | None, traces: list[str], others: list[str]) -> None:
+def _check_rounds_out(path: str | None, traces: list[str], others: list[str], force: bool) -> None:
     """Refuse, before any work, a rounds file that would overwrite one of the inputs (`traces` or the profile and
-    config files), replace something that is not a file, or land in a missing folder."""
+    config files), replace something that is not a file or an existing file without --force, or land in a missing
+    or unwritable folder."""
     if path is None:
         return
     if any(same_file(path, trace) for trace in traces):
@@ -338,6 +346,7 @@ def _check_rounds_out(path: str | None, traces: list[str], others: list[str]) ->
         raise ConfigError(f"--rounds-out {path} is not a regular file (a pipe, device or socket); give a file name")
     if not target.resolve().parent.is_dir():
         raise ConfigError(f"--rounds-out {path}: folder {target.resolve().parent} does not exist")
+    check_out_file(target, "--rounds-out", force)  # an existing file only with --force; the folder writable
 
 
 def _once(paths: list[Path], error: type[UserError], what: str) -> None:
@@ -403,8 +412,12 @@ def _replay(args: argparse.Namespace) -> int:
     _once([Path(path) for path in args.traces], TraceError, "trace file")
     traces = [read_trace(path) for path in args.traces]
     others = [*map(str, profile_paths), *([args.config] if args.config else [])]
-    _check_rounds_out(args.rounds_out, args.traces, others)
-    jitter = Jitter(args.jitter, args.seed)
+    if args.force and not args.rounds_out:
+        raise ConfigError("--force replaces an existing --rounds-out file; without --rounds-out it has nothing to do")
+    _check_rounds_out(args.rounds_out, args.traces, others, args.force)
+    if args.seed is not None and args.jitter == 0:
+        raise ConfigError("--seed seeds the jitter's noise: give it with --jitter SIGMA > 0, or drop it")
+    jitter = Jitter(args.jitter, args.seed or 0)
     _refuse_misused_oracle(args, configs)
     risk_margin = DEFAULT_RISK_MARGIN if args.risk_margin is None else args.risk_margin
     for profile, path in zip(profiles, profile_paths, strict=True):

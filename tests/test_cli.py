@@ -80,3 +80,55 @@ def test_an_empty_output_or_storage_path_is_a_usage_error():
         assert done.returncode == 2, (module, argv, done.stderr)
         assert "expected a path or URL, got an empty value" in done.stderr, (module, argv, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+# Every command's parser is cli.Parser: a flag given twice, an empty value and an abbreviated flag are refused on each,
+# as a config file refuses a key given twice. Each entry: (module, argv with the fault, a fragment of the message).
+STRICT = [
+    ("sim.replay", ["traces/email.jsonl", "--policy", "gated", "--policy", "fixed"], "--policy given twice"),
+    ("sim.replay", ["traces/email.jsonl", "--json", "--json"], "--json given twice"),
+    ("sim.replay", ["traces/email.jsonl", "--policy="], "expected a value, got an empty one"),
+    ("sim.replay", ["traces/email.jsonl", "--pol", "gated"], "unrecognized arguments: --pol"),
+    ("sim.tune", ["studies/gated_gb10.yaml", "--n-trials", "0", "--n-trials", "1"], "--n-trials given twice"),
+    ("sim.plot", ["rounds", "r.jsonl", "--out", "a", "--out", "b"], "--out given twice"),
+    ("sim.ingest", ["git", ".", "--out", "a", "--out=b"], "--out given twice"),
+    ("sim.measure", ["--arch", "tiny", "--arch", "mid", "--out", "p.yaml"], "--arch given twice"),
+    ("sim.record", ["traces/email.jsonl", "--out", "a", "--out", "b"], "--out given twice"),
+    ("sim.confirm", ["traces/email.jsonl", "--policies", "gated", "--policies", "graded"], "--policies given twice"),
+]
+
+
+def test_every_command_refuses_a_repeated_empty_or_abbreviated_flag(tmp_path):
+    """One `error:` line and exit 2, before any work, in a folder where nothing may be written."""
+    for module, argv, fragment in STRICT:
+        done = subprocess.run(
+            [sys.executable, "-m", module, *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2, (module, argv, done.stderr)
+        assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, (module, done.stderr)
+        assert fragment in done.stderr, (module, argv, done.stderr)
+
+
+def test_repeatable_flags_still_repeat():
+    """`--set` is meant to be given once per parameter: repeating the flag is fine, repeating a key is not."""
+    ok = subprocess.run(
+        [sys.executable, "-m", "sim.replay", "traces/email.jsonl", "--set", "max_draft=4", "--set", "ngram_min=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    twice = subprocess.run(
+        [sys.executable, "-m", "sim.replay", "traces/email.jsonl", "--set", "max_draft=4", "--set", "max_draft=5"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert twice.returncode == 2 and "--set sets max_draft twice" in twice.stderr, twice.stderr

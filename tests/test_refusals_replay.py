@@ -319,7 +319,7 @@ _bad_flag("--set block_slope=1e308", ["block_slope must be in"], "--policy", "gr
 _bad_flag("--set start_average=inf", ["start_average must be float"], "--set", "start_average=inf")
 _bad_flag("--max-tokens 10**12", ["--max-tokens must be >= 1 and at most"], "--max-tokens", str(10**12))
 _bad_flag("--max-tokens 0", ["--max-tokens must be >= 1"], "--max-tokens", "0")
-_bad_flag('--compare ""', ["--compare needs comma-separated policy names"], "--compare", "")
+_bad_flag('--compare ""', ["--compare", "expected a value, got an empty one"], "--compare", "")
 _bad_flag("--compare with an empty entry", ["--compare needs comma-separated policy names"], "--compare", "off,")
 _bad_flag("--compare of commas", ["--compare needs"], "--compare", ",,")
 _bad_flag("--compare the same twice", ["more than once: gated"], "--compare", "gated,gated")
@@ -363,6 +363,18 @@ def _(tmp: Path) -> tuple[list[str], list[str]]:
 @case("replay", "--rounds-out is a folder")
 def _(tmp: Path) -> tuple[list[str], list[str]]:
     return [EMAIL, "--rounds-out", str(tmp)], [str(tmp), "is a folder"]
+
+
+@case("replay", "--rounds-out onto an existing file, without --force")
+def _(tmp: Path) -> tuple[list[str], list[str]]:
+    path = tmp / "earlier.jsonl"
+    path.write_text("an earlier run's rounds\n")
+    return [EMAIL, "--rounds-out", str(path)], [str(path), "already exists", "--force"]
+
+
+@case("replay", "--rounds-out onto a committed file that is not an input, without --force")
+def _(tmp: Path) -> tuple[list[str], list[str]]:
+    return [EMAIL, "--rounds-out", str(ROOT / "traces" / "README.md")], ["traces/README.md", "already exists"]
 
 
 @case("replay", "--rounds-out in a missing folder")
@@ -546,3 +558,24 @@ def test_the_table_covers_both_commands_and_every_input():
     for kind in ("replay: trace", "replay: profile", "replay: config", "replay: --rounds-out", "plot: rounds"):
         assert sum(name.startswith(kind) for name in names) >= 5, kind
     assert any(name.startswith("plot: study") for name in names)
+
+
+def test_force_without_rounds_out_is_refused(capsys):
+    """--force replaces only a --rounds-out file: alone it would do nothing, so it is refused like any contradiction."""
+    assert_refused(run_main(replay.main, [EMAIL, "--force"], capsys), "--force", "without --rounds-out")
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["--policy", "gated", "--compare", "off,fixed"], ["--policy and --compare cannot be combined"]),
+        (["--set", "max_draft=5", "--max-draft", "6"], ["--max-draft and --set max_draft", "give it once"]),
+        (["--seed", "3"], ["--seed", "--jitter"]),
+        (["--jitter", "0", "--seed", "3"], ["--seed", "--jitter"]),
+        (["--compare", "gated:full_at=1:full_at=2,off"], ["full_at twice"]),
+    ],
+)
+def test_contradicting_or_repeated_settings_are_refused(capsys, argv, fragments):
+    """Settings that contradict each other or repeat are refused as the same thing in a config file is: no flag
+    silently wins over another."""
+    assert_refused(run_main(replay.main, [EMAIL, *argv], capsys), *fragments)

@@ -362,7 +362,7 @@ def test_config_rows_are_labelled_by_study_and_trial_with_parameters_in_json(cap
 def test_compare_with_an_empty_list_is_an_error_not_the_default_policy(capsys):
     """`--compare ""` is refused (it used to replay --policy's default silently)."""
     code, out, err = _main(capsys, EMAIL, "--compare", "")
-    assert code == 2 and out == "" and err.startswith("error: --compare needs comma-separated policy names")
+    assert code == 2 and out == "" and err.startswith("error: argument --compare: expected a value, got an empty one")
 
 
 def test_config_with_compare_is_an_error_not_a_dropped_flag(capsys):

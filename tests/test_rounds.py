@@ -154,7 +154,7 @@ def test_copy_break_copy_records_show_the_pause_probe_and_confirmation():
 
 def test_rounds_out_file_holds_each_run_and_is_byte_identical(tmp_path, capsys):
     """--rounds-out with two traces and two policies: four run lines, each with its --json row and then its rounds,
-    read back by read_rounds; a second invocation writes the same bytes."""
+    read back by read_rounds; a second invocation is refused without --force, and with it writes the same bytes."""
     out = tmp_path / "rounds.jsonl"
     traces = [EMAIL, str(ROOT / "traces" / "edit_json.jsonl")]
     assert main([*traces, "--compare", "gated,graded", "--rounds-out", str(out), "--json"]) == 0
@@ -171,7 +171,9 @@ def test_rounds_out_file_holds_each_run_and_is_byte_identical(tmp_path, capsys):
     lines = [json.loads(line) for line in first.decode().splitlines()]
     assert [line["type"] for line in lines].count("run") == 4
     assert sum(len(r.rounds) for r in runs) == len(lines) - 4
-    assert main([*traces, "--compare", "gated,graded", "--rounds-out", str(out)]) == 0
+    assert main([*traces, "--compare", "gated,graded", "--rounds-out", str(out)]) == 2  # it exists: only with --force
+    assert out.read_bytes() == first
+    assert main([*traces, "--compare", "gated,graded", "--rounds-out", str(out), "--force"]) == 0
     assert out.read_bytes() == first
 
 

@@ -84,13 +84,16 @@ def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
     return PolicyConfig(policy, params, loop, make_drafter(drafter_values))
 
 
-def parse_assignments(items: list[str]) -> dict[str, str]:
-    """`["full_at=1.75", "max_draft=5"]` -> {"full_at": "1.75", "max_draft": "5"}."""
+def parse_assignments(items: list[str], where: str = "") -> dict[str, str]:
+    """`["full_at=1.75", "max_draft=5"]` -> {"full_at": "1.75", "max_draft": "5"}; a key set twice is refused, as in
+    a config file (`where` names the flag or variant in the error)."""
     values: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"expected key=value, got {item!r}")
+        if key.strip() in values:
+            raise ConfigError(f"{where + ' sets' if where else 'settings set'} {key.strip()} twice: give it once")
         values[key.strip()] = value.strip()
     return values
 
