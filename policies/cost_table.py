@@ -29,8 +29,6 @@ class CostTable:
         self.at = -COST_REFRESH_TOKENS  # context length the table was priced at
         self.ms: list[float] = []
         self.resume: list[float] = []
-        self.inverse: list[float] = []
-        self.inverse_resume: list[float] = []
 
     def at_context(self, context: int) -> list[float]:
         if context - self.at >= COST_REFRESH_TOKENS or context < self.at:
@@ -38,9 +36,6 @@ class CostTable:
             pipelined = max(device(1, context), gap)
             self.ms = [pipelined] + [device(w + 1, context) + gap for w in range(1, self.max_draft + 1)]
             self.resume = [pipelined] + [ms + self.resume_gaps * gap for ms in self.ms[1:]]
-            # 1 / C(w): rates become products (this runs on every iteration that has a draft)
-            self.inverse = [1.0 / ms for ms in self.ms]
-            self.inverse_resume = [1.0 / ms for ms in self.resume]
             self.at = context
         return self.ms
 

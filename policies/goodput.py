@@ -102,17 +102,19 @@ class Goodput(Governor[GoodputParams]):
         if len(context) - table.at >= COST_REFRESH_TOKENS:
             table.at_context(len(context))
         # Right after a verify the next one costs C(w); after a plain or pipelined step it costs the resume price.
-        inverse = table.inverse_resume if self.resuming else table.inverse
+        ms = table.resume if self.resuming else table.ms
         # best_width(self.survival(key, n), ms, n, margin) in one pass: the argmax of E(w)/C(w) over w = 1..n
-        # wins only above pausing's rate times (1 + margin), so starting from that rate gives the same answer.
+        # wins only above pausing's rate (1 + margin) / C(0), so starting from that rate gives the same answer.
+        # The rates are the same divisions as best_width's, so even exact ties go the same way (a property test
+        # holds the two equal).
         hits, tries, pooled, shrink = self.hits, self.tries, self.pooled, self.shrink
         base = key * self.max_draft
-        best, best_rate = 0, self.pause_gain * inverse[0]
+        best, best_rate = 0, self.pause_gain / ms[0]
         s = expected = 1.0
         for depth in range(n):
             s *= (hits[base + depth] + shrink * pooled[depth]) / (tries[base + depth] + shrink)
             expected += s
-            rate = expected * inverse[depth + 1]
+            rate = expected / ms[depth + 1]
             if rate > best_rate:
                 best, best_rate = depth + 1, rate
         self.width = best

@@ -99,20 +99,21 @@ class Regime(Governor[RegimeParams]):
         assert table is not None, "regime reads the cost profile: bind() it first"
         if n - table.at >= COST_REFRESH_TOKENS:
             table.at_context(n)
-        inverse = table.inverse_resume if self.resuming else table.inverse
+        ms = table.resume if self.resuming else table.ms
         # best_width(self.survival(k), ms, k, margin) in one pass, as in goodput (this runs on every drafted
-        # iteration): the chain run forward one depth at a time, each width's rate compared as it comes.
+        # iteration): the chain run forward one depth at a time, each width's rate compared as it comes, with
+        # best_width's own divisions.
         p = self.params
         a, f, stay_copy, stay_free = p.copy_accept, p.free_accept, self.stay, 1.0 - p.to_copy
         to_free, to_copy = p.to_free, p.to_copy
         copy, free = self.belief, 1.0 - self.belief
-        best, best_rate = 0, (1.0 + p.margin) * inverse[0]
+        best, best_rate = 0, (1.0 + p.margin) / ms[0]
         expected = 1.0
         for w in range(1, len(tokens) + 1):
             copy *= a
             free *= f
             expected += copy + free
-            rate = expected * inverse[w]
+            rate = expected / ms[w]
             if rate > best_rate:
                 best, best_rate = w, rate
             copy, free = copy * stay_copy + free * to_copy, copy * to_free + free * stay_free

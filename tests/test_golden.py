@@ -17,8 +17,28 @@ from sim.rows.config import make_config, split_variant  # noqa: E402
 from sim.rows.replay import replay  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "replay_gb10.json"
-# The five baselines plus the two gated variants measured on hardware.
-VARIANTS = ["off", "fixed", "graded", "gated", "heuristic", "gated:probation=any_token", "gated:full_at=1.75"]
+# The five baselines plus the two gated variants measured on hardware; the online governors (goodput, regime and
+# hedge read the profile, threshold does not) at their defaults and with other settings; another drafter.
+VARIANTS = [
+    "off",
+    "fixed",
+    "graded",
+    "gated",
+    "heuristic",
+    "gated:probation=any_token",
+    "gated:full_at=1.75",
+    "goodput",
+    "goodput:margin=0.1",
+    "goodput:resume_gaps=0.0",
+    "regime",
+    "regime:max_draft=5",
+    "hedge",
+    "hedge:eta=2.0",
+    "threshold",
+    "threshold:draft_length=3",
+    "gated:drafter=suffix",
+    "goodput:drafter=suffix",
+]
 KEYS = (
     "generated_tokens",
     "rounds",
