@@ -157,11 +157,14 @@ def _tune(args: argparse.Namespace) -> int:
 
         from sim.core.io import check_out_folder, refuse_inputs_as_outputs
         from sim.engine.costs import resolve
+        from sim.figures.study_figures import write_report_figures
         from sim.tuning.evaluation import MatrixEvaluator
         from sim.tuning.report import FIGURES, write_report
         from sim.tuning.search import Limits, prepare, run_workers
         from sim.tuning.spec import check_widths, default_out, load_spec
-        from sim.tuning.storage import check_storage, parallel_storage, redacted, storage_error, storage_file
+        from sim.tuning.storage_checks import check_storage
+        from sim.tuning.storage_errors import storage_error
+        from sim.tuning.storage_url import parallel_storage, redacted, storage_file
         from sim.tuning.validation import studies, training
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -219,7 +222,9 @@ def _tune(args: argparse.Namespace) -> int:
                 if problems:
                     break
             folds = [(fold, study) for _, fold, study, _, _ in opened if fold is not None]
-            summary = write_report(spec, matrix, opened[0][2], storage_url, out, not args.no_plots, folds)
+            # The figures layer sits above tuning: the report is handed what draws its PNGs.
+            draw = None if args.no_plots else write_report_figures
+            summary = write_report(spec, matrix, opened[0][2], storage_url, out, draw, folds)
         except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
             raise storage_error(storage_url, err) from None
     print(summary)

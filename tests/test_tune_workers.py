@@ -30,8 +30,10 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from sim.tune import main as tune_main
+from sim.tuning import optuna_private
 from sim.tuning.evaluation import MatrixEvaluator
-from sim.tuning.storage import heartbeat, open_storage
+from sim.tuning.heartbeat import heartbeat
+from sim.tuning.storage import open_storage
 
 pytestmark = pytest.mark.slow  # every test here runs real worker processes
 
@@ -138,7 +140,7 @@ def test_a_trial_failed_by_another_process_while_it_runs_is_dropped_and_the_run_
         if not failed:  # what another worker's stale-trial check does to the trial that is running here
             other = open_storage(storage, 10)
             running = other.get_all_trials(other.get_study_id_from_name("tiny"), states=(TrialState.RUNNING,))
-            other.set_trial_state_values(running[0]._trial_id, TrialState.FAIL)
+            other.set_trial_state_values(optuna_private.trial_id(running[0]), TrialState.FAIL)
             failed.append(running[0].number)
         return rows
 
@@ -158,7 +160,7 @@ def test_a_heartbeat_due_after_the_trial_is_told_ends_quietly(tmp_path, monkeypa
     storage = open_storage(str(tmp_path / "s.journal.log"), 1)
     study = optuna.create_study(storage=storage, study_name="s")
     trial = study.ask()
-    with heartbeat(storage, trial._trial_id):
+    with heartbeat(storage, optuna_private.trial_id(trial)):
         study.tell(trial, 1.0)
         time.sleep(2.5)  # the beat due 1 s after the start finds the trial finished
     assert thread_errors == []
@@ -219,7 +221,7 @@ def test_two_workers_on_postgresql_reach_an_exact_global_cap(tmp_path):
         assert sorted(t.number for t in trials) == list(range(30))
         assert all(t.state == TrialState.COMPLETE for t in trials)
         assert sum(bool(t.user_attrs.get("baseline")) for t in trials) == 1
-        assert len({t._trial_id for t in trials}) == 30
+        assert len({optuna_private.trial_id(t) for t in trials}) == 30
     finally:
         for worker in workers:  # none may recreate tables after they are dropped
             worker.kill()
@@ -229,9 +231,7 @@ def test_two_workers_on_postgresql_reach_an_exact_global_cap(tmp_path):
         except KeyError:
             pass
         if not had_tables:
-            from optuna.storages._rdb.models import BaseModel
-
-            BaseModel.metadata.drop_all(engine)
+            optuna_private.rdb_base_model().metadata.drop_all(engine)
             with engine.begin() as conn:
                 conn.execute(sqlalchemy.text("DROP TABLE IF EXISTS alembic_version"))
         engine.dispose()

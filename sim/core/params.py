@@ -73,10 +73,13 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:32]}...{text[-4:]}"
 
 
-def check_range(name: str, value: float, low: float, high: float) -> None:
-    """A parameter's value must lie in [low, high]; the error names the parameter, the range and the value."""
+def check_range(name: str, value: float, low: float, high: float, kind: str = "") -> None:
+    """A parameter's value must lie in [low, high]; the error names the parameter, the range and the value.
+
+    `kind` names what the value must be, e.g. "an integer": `NAME must be an integer in LOW..HIGH, got VALUE`."""
     if not low <= value <= high:
-        raise ConfigError(f"{name} must be in {_number(low)}..{_number(high)}, got {_shown(value)}")
+        must = f"must be {kind} in" if kind else "must be in"
+        raise ConfigError(f"{name} {must} {_number(low)}..{_number(high)}, got {_shown(value)}")
 
 
 def _number(x: float) -> str:
@@ -190,11 +193,14 @@ class KeyLines:
         self.text = text
         self._lines: dict[tuple[str, ...], int] | None = None
 
-    def where(self, *key: str) -> str:
+    def where(self, *key: str, document: bool = True) -> str:
+        """document=False: the bare `FILE` when no part of `key` is in the file, instead of the document's line."""
         if self.text is None:
             return self.path
         if self._lines is None:  # only an error needs them
             self._lines = key_lines(self.text)
         while key not in self._lines:
             key = key[:-1]
+        if not key and not document:
+            return self.path
         return f"{self.path}:{self._lines[key]}"

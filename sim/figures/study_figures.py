@@ -224,3 +224,13 @@ def write_study_figures(
     figures, notes = study_figures(study, baseline)
     prefix = file_part(study.study_name)
     return [save(fig, out / f"{prefix}_{kind}.png", dpi) for kind, fig in figures.items()], notes
+
+
+def write_report_figures(
+    study: Any, out: Path, series: Series, limit: float | None, found: tuple[list[dict[str, float]], str]
+) -> tuple[list[str], list[str]]:
+    """The tuning report's OUT/{history,importances,pareto,rows}.png (sim/tuning/report.py's FigureWriter, passed in
+    by sim.tune): the rows figure from the report's `series`, `limit` marking min_row_speedup, `found` the
+    importances it has already; (file names written, a note per figure skipped)."""
+    figures, notes = study_figures(study, series=series, limit=limit, found=found)
+    return [save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes

@@ -5,22 +5,26 @@ Everything here is a function of the stored trials, the spec and the inputs
 (trial numbers, parameters, values; never wall-clock times), so the same study
 gives byte-identical files. best.yaml is a `{policy, params}` configuration that
 `python -m sim.replay --config best.yaml TRACE...` accepts. The best trial and
-the importances come from sim/tuning/trials.py and the figures from
-sim/figures/study_figures.py, as `python -m sim.plot study` draws them; only the
-per-row bars are the report's own rows (baseline and best, replayed on the
-matrix here), with the min_row_speedup limit marked. The report leads with what
-the recommendation is worth (the held-out and in-sample gains with their
-intervals, sim/tuning/assess.py, docs/tuning.md) and ends with the hardware
-confirmation plan; the per-row table shows the hindsight oracle's speedup and
-the best's share of its headroom (sim/rows/headroom.py) for prompt-lookup studies.
+the importances come from sim/tuning/trials.py; the figures are drawn by what
+the caller hands write_report (sim.tune passes sim/figures/study_figures.py's,
+as `python -m sim.plot study` draws them: tuning never imports the figures
+layer above it); only the per-row bars are the report's own rows (baseline and
+best, replayed on the matrix here), with the min_row_speedup limit marked.
+The report leads with what the recommendation is worth (the held-out and
+in-sample gains with their intervals, sim/tuning/assess.py, docs/tuning.md)
+and ends with the hardware confirmation plan; the per-row table shows the
+hindsight oracle's speedup and the best's share of its headroom
+(sim/rows/headroom.py) for prompt-lookup studies. What the report says
+(`findings`: scores, gains, rows) is computed apart from the markdown that
+says it (`render`) and from best.yaml (`best_yaml`, written by `write_best`).
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sim.core.io import write_atomic
 from sim.engine.actions import COUNTER_NAMES
 from sim.engine.timing import speedup
-from sim.figures import study_figures
-from sim.figures.style import save
+from sim.rows.config import PolicyConfig
 from sim.rows.headroom import headroom_share, row_oracle_ms
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
@@ -40,7 +43,7 @@ from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
 from sim.tuning.search import stored_rows
 from sim.tuning.spec import Fold, StudySpec, default_out
-from sim.tuning.storage import redacted, storage_kind
+from sim.tuning.storage_url import redacted, storage_kind
 from sim.tuning.validation import fold_name, training
 
 FIGURES = {
@@ -49,6 +52,15 @@ FIGURES = {
     "pareto": "Pareto front",
     "rows": "per-row speedup",
 }  # alt text of each PNG sim.plot can draw, by file stem
+
+# What draws the report's PNGs into its folder: (study, out, the rows figure's (label, rows) series, the
+# min_row_speedup limit, importances(study)) -> (file names written, a note per figure skipped). The caller passes
+# it (sim.tune: sim.figures.study_figures.write_report_figures): the figures layer sits above tuning, which never
+# imports it.
+FigureWriter = Callable[
+    [optuna.Study, Path, list[tuple[str, list[dict[str, Any]]]], float | None, tuple[list[dict[str, float]], str]],
+    tuple[list[str], list[str]],
+]
 
 
 def dashboard_command(storage: str) -> str:
@@ -184,52 +196,57 @@ def _lead(spec: StudySpec, found: Assessment) -> list[str]:
     return [" ".join(lines), ""] if lines else []
 
 
-def render(
-    spec: StudySpec,
-    matrix: MatrixEvaluator,
-    study: optuna.Study,
-    storage: str,
-    out: Path,
-    best: FrozenTrial | None,
-    rows: tuple[list[ReplayRow], list[ReplayRow] | None],
-    importances: dict[str, float],
-    figures: tuple[list[str], list[str]] | None,
-    removed_best: bool = False,
-    found: Assessment | None = None,
-    oracle: Sequence[float] | None = None,
-) -> tuple[str, dict[str, Any] | None, str]:
-    """(report.md text, best.yaml mapping or None, one-paragraph summary).
+@dataclass(frozen=True)
+class ReportInputs:
+    """What report.md and best.yaml are made from.
 
     matrix: every row of the spec; best: stored.best_trial(study); rows: the baseline's and the best trial's rows
-    on the matrix; figures: PNG names and a note per figure skipped; removed_best: whether an earlier best.yaml was
-    removed from `out` (no best now); found: the gains; oracle: every row's hindsight-optimal speedup, if known."""
-    trials = study.get_trials(deepcopy=False)
-    found = found or Assessment(None, None, [])
-    base_rows, best_rows = rows
+    on the matrix; importances: the first objective's, ranked; figures: PNG names and a note per figure skipped
+    (None: no plots); removed_best: whether an earlier best.yaml was removed from `out` (no best now); gains: what
+    the recommendation is worth (assessment()); oracle: every row's hindsight-optimal speedup, if known."""
+
+    spec: StudySpec
+    matrix: MatrixEvaluator
+    study: optuna.Study
+    storage: str
+    out: Path
+    best: FrozenTrial | None
+    rows: tuple[list[ReplayRow], list[ReplayRow] | None]
+    importances: dict[str, float]
+    figures: tuple[list[str], list[str]] | None
+    removed_best: bool = False
+    gains: Assessment = field(default_factory=lambda: Assessment(None, None, []))
+    oracle: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the report says, computed before a line of it is written: the scores of the baseline and of the best on
+    the rows the study searched, the one-paragraph summary, every row paired with its group."""
+
+    trials: list[FrozenTrial]
+    searched: MatrixEvaluator  # the rows the study searched
+    front: list[FrozenTrial]  # the feasible Pareto front by trial number; [] for a single objective
+    base_scores: dict[str, float]
+    best_scores: dict[str, float] | None  # None without a best
+    config: PolicyConfig | None  # the best's configuration
+    best_rows: list[ReplayRow]  # the best's rows on the matrix; the baseline's without a best
+    summary: str
+    paired: assess.Paired  # every row: the baseline's, the best's and its group
+    groups: list[str]  # every row's group as the table shows it, a holdout's rows marked
+
+
+def findings(inputs: ReportInputs) -> Findings:
+    """Scores, gains and rows: everything report.md and best.yaml say that is not just formatting."""
+    spec, matrix, best = inputs.spec, inputs.matrix, inputs.best
+    trials = inputs.study.get_trials(deepcopy=False)
+    base_rows, best_rows = inputs.rows
     searched = training(spec, matrix, None)
-    front = sorted(study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
+    front = sorted(inputs.study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
     base_scores = _scores(_on(searched, base_rows), spec, searched, spec.baseline)
-    lim = spec.constraints.get("min_row_speedup")
-    lines = [
-        f"# Study `{spec.name}`: {spec.policy} over {len(matrix.traces)} traces x {len(matrix.profiles)} profiles",
-        "",
-        *_lead(spec, found),
-    ]
-    lines += [
-        f"Objective(s): {', '.join(spec.objectives)} (maximised"
-        + (", groups weighted equally unless the spec weighs them" if len(matrix.weights) > 1 else "")
-        + "). Constraints: "
-        + (", ".join(f"{k} >= {v}" for k, v in spec.constraints.items()) or "none")
-        + ".",
-        "",
-        _counts(trials) + ".",
-        "",
-    ]
-    best_yaml = None
+    config, best_scores = None, None
     if best is None:
         summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
-        removed = " The best.yaml an earlier study had left in this folder was removed." if removed_best else ""
-        lines += [f"**No feasible completed trial yet.** No best.yaml was written.{removed}", ""]
         best_rows = base_rows
     else:
         if best_rows is None:
@@ -237,57 +254,141 @@ def render(
         config = spec.config(best.params)
         best_scores = _scores(_on(searched, best_rows), spec, searched, config)
         gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
-        held = f"; held out {found.held.text()}" if found.held is not None else ""
+        held = f"; held out {inputs.gains.held.text()}" if inputs.gains.held is not None else ""
         summary = (
             f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
             f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}% in-sample{held}), worst row "
             f"{best_scores['worst_row']:.4f}x (baseline {base_scores['worst_row']:.4f}x)"
         )
-        lines += [f"**{summary}.**", ""]
-        best_yaml = {
-            "policy": config.policy,
-            "params": config.settings(),
-            "notes": f"study {spec.name}, trial {best.number}: geomean {best_scores['geomean_speedup']:.4f}x "
-            f"over {len(_on(searched, best_rows))} rows (spec sha256 {spec.sha256[:12]})",
-        }
-        base_settings = spec.baseline.settings()
-        lines += ["## Best parameters", "", "| parameter | best | baseline | searched |", "|---|---|---|---|"]
-        space = {d.name: d.describe() for d in spec.search_space}
-        for key, value in config.settings().items():
-            lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {space.get(key, 'fixed')} |")
-        lines += [
-            "",
-            "## Objective and constraint values (on the rows the study searched)",
-            "",
-            f"quantile_speedup and cvar_speedup at q = {spec.robust.quantile:g}; jitter_geomean with lognormal "
-            f"sigma {spec.robust.jitter:g} on every time, averaged over {spec.robust.seeds} seeds.",
-            "",
-            "| value | baseline | best |",
-            "|---|---|---|",
-        ]
-        for key in base_scores:
-            lines.append(f"| {key} | {base_scores[key]:.4f} | {best_scores[key]:.4f} |")
-        if lim is not None:
-            below = [r for r in best_rows if r.speedup < lim]
-            lines += ["", f"Rows below {lim}x: best {len(below)}, baseline {sum(r.speedup < lim for r in base_rows)}."]
-        lines += [""]
-    if found.folds:
-        lines += [
-            "## Held-out validation, per fold",
-            "",
-            "Each fold's study searched only the rows outside the fold; its best is scored here against the "
-            "baseline on the fold's rows.",
-            "",
-            *assess.fold_table(spec, found.folds),
-            "",
-        ]
     both = assess.paired(matrix, base_rows, best_rows)
     holdout = spec.validation is not None and not spec.validation.nested
     inside = {id(r) for r in _on(searched, base_rows)}
     groups = [
         f"{g} (held out)" if holdout and id(r) not in inside else g for g, r in zip(both.groups, base_rows, strict=True)
     ]
-    lines += ["## Per group", "", *_groups_table(matrix, both), ""]
+    return Findings(trials, searched, front, base_scores, best_scores, config, best_rows, summary, both, groups)
+
+
+def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
+    """best.yaml: the best's `{policy, params}` (what sim.replay --config reads) and a note of where it comes from;
+    None without a best."""
+    if inputs.best is None or facts.config is None or facts.best_scores is None:
+        return None
+    spec = inputs.spec
+    return {
+        "policy": facts.config.policy,
+        "params": facts.config.settings(),
+        "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
+        f"over {len(_on(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
+    }
+
+
+def write_best(out: Path, mapping: dict[str, Any]) -> None:
+    # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
+    write_atomic(out / "best.yaml", yaml.safe_dump(mapping, sort_keys=True))
+
+
+def render(inputs: ReportInputs, facts: Findings) -> str:
+    """report.md's text."""
+    spec, best = inputs.spec, inputs.best
+    lines = [
+        *_head(inputs, facts),
+        *(_no_best(inputs) if best is None else _best_sections(inputs, facts)),
+        *_folds_section(spec, inputs.gains),
+        *_rows_sections(inputs, facts),
+        *_pareto_section(spec, facts.front),
+        "## Top feasible trials",
+        "",
+        *_top(spec, facts.trials, spec.baseline.settings()),
+        "",
+        *_importances_section(inputs.importances),
+        *_plots_section(inputs.figures),
+        *_provenance(spec, inputs.matrix, inputs.study, inputs.storage, inputs.out, best is not None),
+    ]
+    if best is not None:
+        lines += assess.plan(
+            spec,
+            inputs.matrix,
+            facts.paired,
+            f"trial #{best.number} of {spec.name}",
+            inputs.gains.held,
+            str(inputs.out / "best.yaml"),
+            inputs.gains.in_sample,
+        )
+    return "\n".join(lines)
+
+
+def _head(inputs: ReportInputs, facts: Findings) -> list[str]:
+    """The title, the lead (what the recommendation is worth), the objectives and the trial counts."""
+    spec, matrix = inputs.spec, inputs.matrix
+    return [
+        f"# Study `{spec.name}`: {spec.policy} over {len(matrix.traces)} traces x {len(matrix.profiles)} profiles",
+        "",
+        *_lead(spec, inputs.gains),
+        f"Objective(s): {', '.join(spec.objectives)} (maximised"
+        + (", groups weighted equally unless the spec weighs them" if len(matrix.weights) > 1 else "")
+        + "). Constraints: "
+        + (", ".join(f"{k} >= {v}" for k, v in spec.constraints.items()) or "none")
+        + ".",
+        "",
+        _counts(facts.trials) + ".",
+        "",
+    ]
+
+
+def _no_best(inputs: ReportInputs) -> list[str]:
+    removed = " The best.yaml an earlier study had left in this folder was removed." if inputs.removed_best else ""
+    return [f"**No feasible completed trial yet.** No best.yaml was written.{removed}", ""]
+
+
+def _best_sections(inputs: ReportInputs, facts: Findings) -> list[str]:
+    """The summary, the best's parameters beside the baseline's, and every objective and constraint value of both."""
+    spec = inputs.spec
+    assert facts.config is not None and facts.best_scores is not None  # findings sets both with a best
+    lines = [f"**{facts.summary}.**", ""]
+    base_settings = spec.baseline.settings()
+    lines += ["## Best parameters", "", "| parameter | best | baseline | searched |", "|---|---|---|---|"]
+    space = {d.name: d.describe() for d in spec.search_space}
+    for key, value in facts.config.settings().items():
+        lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {space.get(key, 'fixed')} |")
+    lines += [
+        "",
+        "## Objective and constraint values (on the rows the study searched)",
+        "",
+        f"quantile_speedup and cvar_speedup at q = {spec.robust.quantile:g}; jitter_geomean with lognormal "
+        f"sigma {spec.robust.jitter:g} on every time, averaged over {spec.robust.seeds} seeds.",
+        "",
+        "| value | baseline | best |",
+        "|---|---|---|",
+    ]
+    for key in facts.base_scores:
+        lines.append(f"| {key} | {facts.base_scores[key]:.4f} | {facts.best_scores[key]:.4f} |")
+    lim = spec.constraints.get("min_row_speedup")
+    if lim is not None:
+        below = [r for r in facts.best_rows if r.speedup < lim]
+        base_below = sum(r.speedup < lim for r in inputs.rows[0])
+        lines += ["", f"Rows below {lim}x: best {len(below)}, baseline {base_below}."]
+    return lines + [""]
+
+
+def _folds_section(spec: StudySpec, gains: Assessment) -> list[str]:
+    if not gains.folds:
+        return []
+    return [
+        "## Held-out validation, per fold",
+        "",
+        "Each fold's study searched only the rows outside the fold; its best is scored here against the "
+        "baseline on the fold's rows.",
+        "",
+        *assess.fold_table(spec, gains.folds),
+        "",
+    ]
+
+
+def _rows_sections(inputs: ReportInputs, facts: Findings) -> list[str]:
+    """Per group, then every row, with the oracle's column and the share of its headroom the best captures."""
+    oracle = inputs.oracle
+    lines = ["## Per group", "", *_groups_table(inputs.matrix, facts.paired), ""]
     oracle_note = (
         "; oracle: the hindsight-optimal speedup under the best's loop settings (docs/oracle.md, not causal), "
         "share of headroom = (best - 1) / (oracle - 1)"
@@ -297,52 +398,52 @@ def render(
     lines += [
         f"## Every row (speedup over plain decoding; counters: best (baseline){oracle_note})",
         "",
-        *_rows_table(base_rows, best_rows, groups, oracle),
+        *_rows_table(inputs.rows[0], facts.best_rows, facts.groups, oracle),
         "",
     ]
     if oracle is None:
-        lines += ["No oracle column: the hindsight oracle is defined for the prompt-lookup drafter only.", ""]
-    else:
-        share = headroom_share([r.speedup for r in best_rows], oracle)
-        lines += [
-            f"The best captures {share:.2f} of the oracle's geomean headroom over plain decoding."
-            if not math.isnan(share)
-            else "The oracle gains nothing over plain decoding on these rows: there is no headroom to share.",
-            "",
-        ]
-    if front:
-        lines += [
-            "## Pareto front (feasible)",
-            "",
-            "| trial | " + " | ".join(spec.objectives) + " |",
-            "|---|" + "---|" * len(spec.objectives),
-        ]
-        lines += [f"| {t.number} | " + " | ".join(f"{v:.4f}" for v in t.values) + " |" for t in front] + [""]
-    lines += ["## Top feasible trials", "", *_top(spec, trials, spec.baseline.settings()), ""]
-    if importances:
-        lines += [
-            "## Parameter importances (PED-ANOVA, first objective)",
-            "",
-            "| parameter | importance |",
-            "|---|---|",
-        ]
-        lines += [f"| {k} | {v:.3f} |" for k, v in importances.items()] + [""]
-    if figures is not None:
-        names, notes = figures
-        lines += ["## Plots", ""] + [f"![{FIGURES[Path(name).stem]}]({name})\n" for name in names]
-        lines += [f"- {note}" for note in notes] + ([""] if notes else [])
-    lines += _provenance(spec, matrix, study, storage, out, best is not None)
-    if best is not None:
-        lines += assess.plan(
-            spec,
-            matrix,
-            both,
-            f"trial #{best.number} of {spec.name}",
-            found.held,
-            str(out / "best.yaml"),
-            found.in_sample,
-        )
-    return "\n".join(lines), best_yaml, summary
+        return lines + ["No oracle column: the hindsight oracle is defined for the prompt-lookup drafter only.", ""]
+    share = headroom_share([r.speedup for r in facts.best_rows], oracle)
+    return lines + [
+        f"The best captures {share:.2f} of the oracle's geomean headroom over plain decoding."
+        if not math.isnan(share)
+        else "The oracle gains nothing over plain decoding on these rows: there is no headroom to share.",
+        "",
+    ]
+
+
+def _pareto_section(spec: StudySpec, front: Sequence[FrozenTrial]) -> list[str]:
+    if not front:
+        return []
+    return [
+        "## Pareto front (feasible)",
+        "",
+        "| trial | " + " | ".join(spec.objectives) + " |",
+        "|---|" + "---|" * len(spec.objectives),
+        *(f"| {t.number} | " + " | ".join(f"{v:.4f}" for v in t.values) + " |" for t in front),
+        "",
+    ]
+
+
+def _importances_section(importances: dict[str, float]) -> list[str]:
+    if not importances:
+        return []
+    return [
+        "## Parameter importances (PED-ANOVA, first objective)",
+        "",
+        "| parameter | importance |",
+        "|---|---|",
+        *(f"| {k} | {v:.3f} |" for k, v in importances.items()),
+        "",
+    ]
+
+
+def _plots_section(figures: tuple[list[str], list[str]] | None) -> list[str]:
+    if figures is None:
+        return []
+    names, notes = figures
+    lines = ["## Plots", ""] + [f"![{FIGURES[Path(name).stem]}]({name})\n" for name in names]
+    return lines + [f"- {note}" for note in notes] + ([""] if notes else [])
 
 
 def _paths(matrix: MatrixEvaluator) -> set[str]:
@@ -428,10 +529,11 @@ def write_figures(
     best: FrozenTrial | None,
     rows: tuple[list[ReplayRow], list[ReplayRow] | None],
     out: Path,
+    draw: FigureWriter,
 ) -> tuple[list[str], list[str]]:
-    """OUT/{history,importances,pareto,rows}.png as sim.plot draws them, the rows figure from the baseline's and the
-    best trial's rows on the matrix (one bar per group and profile for a corpus-sized matrix); (file names
-    written, a note per figure skipped)."""
+    """OUT/{history,importances,pareto,rows}.png as sim.plot draws them, through `draw`, the rows figure from the
+    baseline's and the best trial's rows on the matrix (one bar per group and profile for a corpus-sized matrix);
+    (file names written, a note per figure skipped)."""
     if not stored.complete_trials(study):
         return [], ["plots: no complete trial yet"]
     base_rows, best_rows = rows
@@ -440,10 +542,7 @@ def write_figures(
         if best_rows is None:
             raise ValueError(f"write_figures: trial #{best.number} is the best trial but rows carries no rows for it")
         series.append((f"best feasible: trial #{best.number}", stored_rows(matrix, best_rows)))
-    figures, notes = study_figures.study_figures(
-        study, series=series, limit=spec.constraints.get("min_row_speedup"), found=found
-    )
-    return [save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes
+    return draw(study, out, series, spec.constraints.get("min_row_speedup"), found)
 
 
 def assessment(
@@ -481,27 +580,28 @@ def write_report(
     study: optuna.Study,
     storage: str,
     out: Path,
-    plots: bool = True,
+    draw: FigureWriter | None = None,
     folds: Sequence[tuple[Fold, optuna.Study]] = (),
 ) -> str:
-    """matrix: the spec's every row (MatrixEvaluator.for_spec); folds: each fold's study when validation nests."""
+    """matrix: the spec's every row (MatrixEvaluator.for_spec); draw: what writes the PNGs (None: no plots; sim.tune
+    passes sim.figures.study_figures.write_report_figures); folds: each fold's study when validation nests."""
     out.mkdir(parents=True, exist_ok=True)
     found = stored.importances(study)  # PED-ANOVA per objective; the table shows the first
     ranked = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
     best = stored.best_trial(study)  # feasible, best on the first objective, on the Pareto front
     rows = (matrix.evaluate(spec.baseline), matrix.evaluate(spec.config(best.params)) if best else None)
-    figures = write_figures(spec, matrix, study, found, best, rows, out) if plots else None
+    figures = write_figures(spec, matrix, study, found, best, rows, out, draw) if draw is not None else None
     stale = out / "best.yaml"
     removed_best = best is None and (stale.exists() or stale.is_symlink())
     if removed_best:  # no configuration of this study may be mistaken for its best: one unlink, atomic
         stale.unlink()
     gains = assessment(spec, matrix, rows, folds)
     oracle = oracle_speedups(rows[1]) if rows[1] is not None else None
-    text, best_yaml, summary = render(
-        spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best, gains, oracle
-    )
-    write_atomic(out / "report.md", text)
-    if best_yaml is not None:  # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
-        write_atomic(out / "best.yaml", yaml.safe_dump(best_yaml, sort_keys=True))
+    inputs = ReportInputs(spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best, gains, oracle)
+    facts = findings(inputs)
+    write_atomic(out / "report.md", render(inputs, facts))
+    mapping = best_yaml(inputs, facts)
+    if mapping is not None:
+        write_best(out, mapping)
     removed = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed_best else ""
-    return f"{summary}\nreport: {out / 'report.md'}{removed}"
+    return f"{facts.summary}\nreport: {out / 'report.md'}{removed}"

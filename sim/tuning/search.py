@@ -23,12 +23,15 @@ from tqdm import tqdm
 from sim.core.errors import ConfigError, ProfileError, UserError
 from sim.core.stops import STOPS
 from sim.rows.replay import ReplayRow
+from sim.tuning import optuna_private
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
+from sim.tuning.heartbeat import heartbeat
+from sim.tuning.locks import TrialGate
 from sim.tuning.spec import StudySpec, baseline_params, load_spec
-from sim.tuning.storage import TrialGate, heartbeat, open_storage, reading
+from sim.tuning.storage import open_storage
+from sim.tuning.storage_errors import reading
 from sim.tuning.validation import studies, training
 
-FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GATE_MARGIN = 64  # the last trials before a cap are created one worker at a time; see ask_below
 STOP_GRACE_S = 10.0  # a stopped worker has this long to mark its trial failed before it is killed
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -228,7 +231,7 @@ def trials(
             return
         # skip_if_finished: a process that stalls past the heartbeat grace finds its trial failed by another,
         # which reruns the parameters; this one drops its result and goes on.
-        with heartbeat(storage, trial._trial_id):
+        with heartbeat(storage, optuna_private.trial_id(trial)):
             try:
                 values = run_trial(trial, spec, matrix, sleep_s)
             except optuna.TrialPruned:
@@ -253,7 +256,7 @@ def prepare(
     with reading(storage_url):  # a damaged database fails here, before any lock file is made
         for frozen in storage.get_all_studies():
             if frozen.study_name == spec.name:
-                storage.get_all_trials(frozen._study_id, deepcopy=False)
+                storage.get_all_trials(optuna_private.study_id(frozen), deepcopy=False)
     directions: list[Literal["maximize"]] = ["maximize"] * len(spec.objectives)
     baseline = baseline_params(spec)
     gate = TrialGate(storage_url, spec.name)

@@ -16,19 +16,16 @@ from __future__ import annotations
 import fnmatch
 import glob
 import hashlib
-import math
 import random
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from policies import policy_class
 from sim.core.errors import ConfigError, StudyError
 from sim.core.io import decode_text, parse_yaml, read_bytes
-from sim.core.params import LoopParams, coerce, fields_of, value_type
+from sim.core.params import KeyLines, LoopParams, check_range, coerce, fields_of, value_type
 from sim.core.protocols import Governor
 from sim.drafters.registry import KEY as DRAFTER_KEY
 from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
@@ -157,11 +154,22 @@ class Validation:
         return self.method != "holdout"
 
 
+class Bound(typing.NamedTuple):
+    """The range a number of the spec must lie in: low..high, an integer or any number."""
+
+    low: float
+    high: float
+    integer: bool = False
+
+
 @dataclass(frozen=True)
 class Robust:
     quantile: float = 0.1
     jitter: float = 0.05
     seeds: int = 4
+
+
+ROBUST_BOUNDS = {"quantile": Bound(0.01, 0.5), "jitter": Bound(0.0, 1.0), "seeds": Bound(1, 64, integer=True)}
 
 
 @dataclass(frozen=True)
@@ -170,10 +178,23 @@ class Bootstrap:
     seed: int = 0
 
 
+BOOTSTRAP_BOUNDS = {"resamples": Bound(100, 100_000, integer=True), "seed": Bound(0, MAX_SEED, integer=True)}
+
+
 @dataclass(frozen=True)
 class ConfirmPlan:
     noise: float = 0.02  # sd of log(candidate/control) between repetitions of one row; sim.confirm measures it
     power: float = 0.8
+
+
+CONFIRM_BOUNDS = {"noise": Bound(0.0001, 1.0), "power": Bound(0.5, 0.99)}
+# The spec's small sections of numbers: key -> (its dataclass, each field's bounds; their order is the order the
+# errors list the allowed keys in).
+SECTIONS: dict[str, tuple[type, dict[str, Bound]]] = {
+    "robust": (Robust, ROBUST_BOUNDS),
+    "bootstrap": (Bootstrap, BOOTSTRAP_BOUNDS),
+    "confirm": (ConfirmPlan, CONFIRM_BOUNDS),
+}
 
 
 @dataclass(frozen=True)
@@ -226,38 +247,15 @@ class StudySpec:
         return {g.name: g.weight for g in self.groups} if self.groups else {DEFAULT_GROUP: 1.0}
 
 
-def _key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Line of every mapping key, by path from the root, so errors can point into the file."""
-    lines: dict[tuple[str, ...], int] = {}
-    seen: set[int] = set()
-
-    def walk(node: Any, path: tuple[str, ...]) -> None:
-        # An alias reuses its anchor's node: visiting each node once keeps a nested alias chain from multiplying.
-        if isinstance(node, yaml.MappingNode) and id(node) not in seen:
-            seen.add(id(node))
-            for key, value in node.value:
-                lines[path + (str(key.value),)] = key.start_mark.line + 1
-                walk(value, path + (str(key.value),))
-
-    try:
-        walk(yaml.compose(text, Loader=yaml.SafeLoader), ())
-    except (yaml.YAMLError, RecursionError):
-        pass  # parse_yaml reports it
-    return lines
-
-
 class _Reader:
     """Raises StudyError as `file:line: message`, the line being that of the offending key."""
 
     def __init__(self, path: str, text: str):
-        self.path = path
-        self.lines = _key_lines(text)
+        self.at = KeyLines(path, text)
 
     def fail(self, message: str, *key: str) -> StudyError:
-        while key and key not in self.lines:
-            key = key[:-1]
-        where = f"{self.path}:{self.lines[key]}" if key else self.path
-        return StudyError(f"{where}: {message}")
+        # document=False: an error about a key the spec leaves out names the file alone, not its first line
+        return StudyError(f"{self.at.where(*key, document=False)}: {message}")
 
     def check_keys(self, raw: Any, allowed: typing.Iterable[str], *key: str) -> dict:
         allowed = list(allowed)
@@ -458,17 +456,15 @@ def _validation(
     return Validation(by, method, folds, k=k, seed=seed)
 
 
-def _section(r: _Reader, raw: Any, key: str, cls: type, bounds: dict[str, tuple[float, float, bool]]) -> Any:
-    """A small section of numbers into its frozen dataclass: name -> (low, high, integer)."""
+def _section(r: _Reader, raw: Any, key: str) -> Any:
+    """A small section of numbers (SECTIONS[key]) into its frozen dataclass."""
+    cls, bounds = SECTIONS[key]
     values = r.check_keys(raw or {}, bounds, key)
-    return cls(
-        **{
-            name: _number(
-                r, value, f"{key}/{name}", key, name, integer=bounds[name][2], low=bounds[name][0], high=bounds[name][1]
-            )
-            for name, value in sorted(values.items())
-        }
-    )
+    fields: dict[str, float | int] = {}
+    for name, value in sorted(values.items()):
+        low, high, integer = bounds[name]
+        fields[name] = _number(r, value, f"{key}/{name}", key, name, integer=integer, low=low, high=high)
+    return cls(**fields)
 
 
 def _objectives(r: _Reader, raw: dict) -> tuple[str, ...]:
@@ -486,10 +482,6 @@ def _objectives(r: _Reader, raw: dict) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _bound(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
 @typing.overload
 def _number(
     r: _Reader, value: Any, what: str, *key: str, integer: typing.Literal[True], low: float, high: float
@@ -502,12 +494,14 @@ def _number(
     r: _Reader, value: Any, what: str, *key: str, integer: bool = False, low: float, high: float
 ) -> float | int:
     """A number from the spec, finite and in [low, high], else a `file:line` error naming the range."""
+    kind = "an integer" if integer else "a number"
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok:
-        raise r.fail(f"{what} must be {'an integer' if integer else 'a number'}, got {value!r}", *key)
-    if not (math.isfinite(value) and low <= value <= high):
-        kind = "an integer" if integer else "a number"
-        raise r.fail(f"{what} must be {kind} in {_bound(low)}..{_bound(high)}, got {value!r}", *key)
+        raise r.fail(f"{what} must be {kind}, got {value!r}", *key)
+    try:
+        check_range(what, value, low, high, kind)  # NaN fails every comparison, infinities the finite bounds
+    except ConfigError as err:
+        raise r.fail(str(err), *key) from None
     return value
 
 
@@ -603,23 +597,9 @@ def load_spec(path: str | Path) -> StudySpec:
         sha256=hashlib.sha256(data).hexdigest(),
         groups=groups,
         validation=_validation(r, raw.get("validation"), traces, groups, profiles),
-        robust=_section(
-            r,
-            raw.get("robust"),
-            "robust",
-            Robust,
-            {"quantile": (0.01, 0.5, False), "jitter": (0.0, 1.0, False), "seeds": (1, 64, True)},
-        ),
-        bootstrap=_section(
-            r,
-            raw.get("bootstrap"),
-            "bootstrap",
-            Bootstrap,
-            {"resamples": (100, 100_000, True), "seed": (0, MAX_SEED, True)},
-        ),
-        confirm=_section(
-            r, raw.get("confirm"), "confirm", ConfirmPlan, {"noise": (0.0001, 1.0, False), "power": (0.5, 0.99, False)}
-        ),
+        robust=_section(r, raw.get("robust"), "robust"),
+        bootstrap=_section(r, raw.get("bootstrap"), "bootstrap"),
+        confirm=_section(r, raw.get("confirm"), "confirm"),
     )
     _check_baseline_in_space(r, spec)
     return spec
