@@ -19,11 +19,17 @@
    less N.
 
 Writes results/benchmarks/closed_loop_cpu.{json,md} and the profile it used,
-results/benchmarks/closed_loop_cpu-profile.yaml (--out sets the stem; the committed
+results/benchmarks/closed_loop_cpu-profile.yaml (--out sets the stem, with or without .json; the committed
 benchmarks/results/closed_loop_cpu* came from --out benchmarks/results/closed_loop_cpu). Target: median |error| <= 2
 points of x, none above 5. Progress bars on stderr (off with TQDM_DISABLE=1)
 follow each measurement and the confirm runs, with an estimate of the time left;
 `--arch tiny --reps 1 --rounds 3 --max-tokens 24` is a quick smoke run.
+
+How loaded the machine was is part of the result (`load`: load averages at the start, after every repetition and at
+the end; per row and per arm the process's CPU seconds beside the wall seconds of its runs), and `summary.verdict`
+says whether the errors measure the timing model (`fidelity`) or this machine's noise (`noise-bound`: the load
+average above the cores, an arm that waited for a core, or a spread between repetitions that alone accounts for the
+error; `summary.noise` has the reasons and figures, and the run prints them in a `noise-bound: ...` line).
 """
 
 from __future__ import annotations
@@ -41,6 +47,19 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
+from _harness import (  # noqa: E402
+    Load,
+    attach_cpu,
+    command_line,
+    load_lines,
+    metered_runs,
+    noise_verdict,
+    note,
+    speedup_noise_points,
+    stem,
+    verdict_line,
+    wrote,
+)
 
 from sim import cli  # noqa: E402
 from sim.core.io import write_atomic  # noqa: E402
@@ -56,6 +75,7 @@ POLICIES = "graded,gated"
 MAIN_CONTEXT = 400
 CONTEXTS = (100, MAIN_CONTEXT, 800)
 WIDTHS = 8  # the arms are graded and gated at their defaults: max_draft 7, verify widths up to 8
+TARGET_MEDIAN, TARGET_MAX = 2.0, 5.0  # points of x: median |error| and the largest one, over the policy rows
 
 
 class ContextSlopeCosts:
@@ -130,8 +150,8 @@ def main() -> int:
     parser.add_argument(
         "--out",
         default="results/benchmarks/closed_loop_cpu",
-        help="result files' path stem (default results/benchmarks/closed_loop_cpu; the committed results came from "
-        "--out benchmarks/results/closed_loop_cpu)",
+        help="result files' path stem, .json optional (default results/benchmarks/closed_loop_cpu; the committed "
+        "results came from --out benchmarks/results/closed_loop_cpu)",
     )
     args = parser.parse_args()
     return cli.run(lambda: _benchmark(args))
@@ -145,16 +165,16 @@ def _benchmark(args: argparse.Namespace) -> int:
     from sim.hardware.measure import measure, pool, profile_data, write_profile
     from sim.hardware.model import load_model, versions
 
+    out = stem(args.out)
+    command = command_line(__file__)
+    load = Load()
     torch.set_num_threads(args.threads)
+    note(f"loading the {args.arch} model ...")
     lm = load_model(arch=args.arch, device="cpu", dtype="float32", seed=0)
-    command = (
-        f"python benchmarks/closed_loop_cpu.py --arch {args.arch} --reps {args.reps} --rounds {args.rounds} "
-        f"--threads {args.threads}" + (f" --max-tokens {args.max_tokens}" if args.max_tokens else "")
-    )
     started = time.time()
     measurements = {}
     for n in CONTEXTS:  # back to back, for the context slopes
-        print(f"measuring costs at a {n}-token context ...", flush=True)
+        note(f"measuring costs at a {n}-token context ...")
         measurements[n] = measure(
             lm, prompt_tokens=n, max_width=WIDTHS, rounds=max(1, args.rounds // 3), desc=f"measure at {n}"
         )
@@ -162,8 +182,10 @@ def _benchmark(args: argparse.Namespace) -> int:
     # other jobs on this shared machine moves costs by 10-30% within minutes (see drift_pct), and the profile must
     # see the same machine the runs saw.
     slices = [measurements[MAIN_CONTEXT]]
+    load.sample("after the measurements")
 
     def profile_slice(rep: int) -> None:
+        load.sample(f"after repetition {rep + 1}")
         slices.append(
             measure(
                 lm,
@@ -178,17 +200,20 @@ def _benchmark(args: argparse.Namespace) -> int:
 
     traces = [read_trace(p) for p in sorted((ROOT / "traces").glob("*.jsonl"))]
     arms = build_arms(POLICIES, [])
-    print(f"confirm: {len(traces)} traces x {len(arms)} arms x {args.reps} repetitions ...", flush=True)
-    runs = confirm_mod.collect(
-        lm, traces, arms, args.reps, scripted=True, max_tokens=args.max_tokens, between=profile_slice
-    )
+    note(f"confirm: {len(traces)} traces x {len(arms)} arms x {args.reps} repetitions ...")
+    with metered_runs(confirm_mod) as metered:
+        runs = confirm_mod.collect(
+            lm, traces, arms, args.reps, scripted=True, max_tokens=args.max_tokens, between=profile_slice
+        )
+    load.finish()
     pooled = pool(slices)
-    profile_path = Path(f"{args.out}-profile.yaml")
+    profile_path = Path(f"{out}-profile.yaml")
     write_profile(profile_path, profile_data(pooled, lm, f"cpu-{args.arch}-float32", command))
     profile = load_profile(str(profile_path))
     assert isinstance(profile, CostProfile)  # profile_data writes format v1: one context length
     require_widths([arm.config for arm in arms if arm.config is not None], [profile])
     rows = confirm_mod.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=True)
+    arms_cpu = attach_cpu(rows, metered, len(traces) * args.reps * len(arms))
 
     costs = context_costs(measurements, profile)
     by_name = {t.name: t for t in traces}
@@ -201,23 +226,32 @@ def _benchmark(args: argparse.Namespace) -> int:
                 by_name[row["trace"]], arm.config, costs, args.max_tokens
             )
         row["context_error_points"] = 100.0 * (row["speedup"] - row["context_predicted_speedup"])
+        row["speedup_noise_points"] = speedup_noise_points(row["speedup_reps"])
     policy_rows = [r for r in rows if r["arm"] != PLAIN]
     context_errors = [abs(r["context_error_points"]) for r in policy_rows]
     summary = confirm_mod.summary(rows, arms)
     summary["context_median_abs_error_points"] = statistics.median(context_errors)
     summary["context_max_abs_error_points"] = max(context_errors)
-    summary["target_met"] = summary["median_abs_error_points"] <= 2.0 and summary["max_abs_error_points"] <= 5.0
+    summary["target_met"] = (
+        summary["median_abs_error_points"] <= TARGET_MEDIAN and summary["max_abs_error_points"] <= TARGET_MAX
+    )
     p_slices = [m["pipelined_ms"] for m in slices]
     summary["drift_pct"] = {  # P in each slice, relative to the pooled profile's
         "pipelined_by_slice": [100.0 * (p / pooled["pipelined_ms"] - 1.0) for p in p_slices],
         "range": 100.0 * (max(p_slices) - min(p_slices)) / pooled["pipelined_ms"],
     }
+    summary["arms_cpu"] = arms_cpu
+    summary["noise"] = noise_verdict(
+        policy_rows, summary["median_abs_error_points"], TARGET_MEDIAN, load.as_dict(), arms_cpu
+    )
+    summary["verdict"] = summary["noise"]["verdict"]
     result = {
         "benchmark": "closed_loop_cpu",
         "command": command,
         "versions": versions(),
         "model": lm.info,
         "wall_s": time.time() - started,
+        "load": load.as_dict(),
         "profile": {**profile.as_dict(), "sync_ms": list(profile.sync_ms), "path": _relative(profile_path)},
         "measurements": {str(n): m for n, m in measurements.items()},
         "profile_slices": slices,
@@ -229,9 +263,11 @@ def _benchmark(args: argparse.Namespace) -> int:
         "rows": rows,
         "summary": summary,
     }
-    write_atomic(f"{args.out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{args.out}.md", _markdown(result, measurements))
+    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_atomic(f"{out}.md", _markdown(result, measurements))
     print(_markdown(result, measurements))
+    print(verdict_line(summary["noise"]))
+    wrote(f"{out}.json", f"{out}.md", profile_path)
     return 0
 
 
@@ -300,6 +336,7 @@ def _markdown(result: dict, measurements: dict[int, dict]) -> str:
         + ", ".join(f"{d:+.1f}%" for d in s["drift_pct"]["pipelined_by_slice"])
         + " of the pooled P.",
         "",
+        *load_lines(result, "after the measurements and each repetition"),
     ]
     return "\n".join(lines)
 

@@ -31,6 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _harness import command_line, note, progress, table, wrote  # noqa: E402
+
 from sim.core.errors import TraceError  # noqa: E402
 from sim.core.io import write_atomic  # noqa: E402
 from sim.drafters.stream import Stream, World  # noqa: E402
@@ -70,7 +72,9 @@ def tuned() -> tuple[str, PolicyConfig]:
     traces = [read_trace(ROOT / p) for p in trace_sets(False)["bundled"]]
     profiles = [load_profile(name) for name in gb10()]
     scored: list[tuple[float, str, PolicyConfig]] = []
-    for path in sorted(ROOT.glob("studies/*/best.yaml")):
+    studies = sorted(ROOT.glob("studies/*/best.yaml"))
+    bar = progress(len(studies), "tuned: committed studies", "study")
+    for path in studies:
         config = load_config_file(path)
         speedups = [
             timed(t, run_trace(t, config, costs=profile), config, profile).speedup
@@ -78,6 +82,8 @@ def tuned() -> tuple[str, PolicyConfig]:
             for profile in profiles
         ]
         scored.append((geomean(speedups), str(path.relative_to(ROOT)), config))
+        bar.update(1)
+    bar.close()
     _, name, config = max(scored, key=lambda item: item[0])
     return name, config
 
@@ -111,12 +117,16 @@ def runs(
 
 
 def trace_major(
-    traces: Sequence[Trace], configs: dict[tuple[str, str], PolicyConfig], profiles: Sequence[Profile]
+    traces: Sequence[Trace],
+    configs: dict[tuple[str, str], PolicyConfig],
+    profiles: Sequence[Profile],
+    desc: str = "loop runs",
 ) -> dict[tuple[str, str, str, str | None], list[LoopResult]]:
     """Every loop run, one trace at a time, so a trace's drafter (its tree and its answers) serves every governor.
     Keyed by (mode, governor, drafter, profile name, or None when the governor does not read the costs)."""
     stream = Stream([t.tokens for t in traces])  # file order; no cap shortens a reply here
     loops: dict[tuple[str, str, str, str | None], list[LoopResult]] = {}
+    bar = progress(len(traces), desc, "trace")
     for i, trace in enumerate(traces):
         for mode in MODES:
             world = World(stream, i) if mode == "stream" else None
@@ -126,6 +136,8 @@ def trace_major(
                     result = run_trace(trace, config, costs=profile or profiles[0], world=world)
                     key = (mode, governor, drafter, None if profile is None else profile.name)
                     loops.setdefault(key, []).append(result)
+        bar.update(1)
+    bar.close()
     return loops
 
 
@@ -169,7 +181,9 @@ def main() -> int:
     parser.add_argument("--no-corpus", action="store_true", help="only the bundled traces, even if a corpus exists")
     args = parser.parse_args()
 
+    command = command_line(__file__)
     skipped: list[str] = []
+    note("reading the trace sets ...")
     sets = trace_sets(not args.no_corpus, skipped)
     tuned_path, tuned_config = tuned()
     governors = {"fixed": make_config("fixed", {}), "gated": make_config("gated", {}), "tuned": tuned_config}
@@ -178,7 +192,8 @@ def main() -> int:
     for set_name, paths in sets.items():
         traces = [read_trace(ROOT / p) for p in paths]
         configs = {(g, d): with_drafter(base, d) for g, base in governors.items() for d in DRAFTERS}
-        loops = trace_major(traces, configs, profiles)
+        loops = trace_major(traces, configs, profiles, f"{set_name}: loop runs")
+        bar = progress(len(MODES) * len(configs) * len(profiles), f"{set_name}: timing cells", "cell")
         for mode in MODES:
             for (governor, drafter), config in configs.items():
                 for profile in profiles:
@@ -188,11 +203,8 @@ def main() -> int:
                         {"set": set_name, "mode": mode, "governor": governor, "drafter": drafter}
                         | {"profile": profile.name, "label": config.label(), **result}
                     )
-                    print(
-                        f"{set_name:8} {mode:8} {governor:6} {drafter:6} {profile.name:40} "
-                        f"{result['geomean_speedup']:.3f}x",
-                        file=sys.stderr,
-                    )
+                    bar.update(1)
+        bar.close()
     host = host_cost_table(sets["bundled"], profiles)
     inputs = {
         "traces": {p: read_trace(ROOT / p).sha256 for ps in sets.values() for p in ps},
@@ -206,10 +218,45 @@ def main() -> int:
         "suffix": with_drafter(governors["gated"], "suffix").settings(),
     }
     out = Path(args.out)
-    body = {"benchmark": "drafters", "command": "python benchmarks/drafters.py", "inputs": inputs, "params": params}
+    body = {"benchmark": "drafters", "command": command, "inputs": inputs, "params": params}
     write_atomic(out, json.dumps({**body, "cells": cells, "host_cost": host}, indent=1, sort_keys=True) + "\n")
-    write_atomic(out.with_suffix(".md"), markdown(cells, host, tuned_path, args.seeds))
+    write_atomic(out.with_suffix(".md"), markdown(cells, host, tuned_path, args.seeds, command))
+    print(summary_tables(cells, host, tuned_path, args.seeds))
+    wrote(out, out.with_suffix(".md"))
     return 0
+
+
+def summary_tables(cells: list[dict[str, Any]], host: list[dict[str, Any]], tuned_path: str, seeds: int) -> str:
+    """What a run prints: lookup against suffix per set, mode, governor and profile (noise-free geomeans, and the
+    range of suffix's over the jitter seeds), then the host-cost table."""
+    headers = ["set", "mode", "governor", "profile", "lookup x", "suffix x", "suffix vs lookup"]
+    headers += ["lookup tok/fwd", "suffix tok/fwd"] + ([f"suffix x, {seeds} jitter seeds"] if seeds else [])
+    rows = []
+    for key, a, b in pairs(cells):
+        gain = 100.0 * (b["geomean_speedup"] / a["geomean_speedup"] - 1.0)
+        row = [*key, f"{a['geomean_speedup']:.3f}", f"{b['geomean_speedup']:.3f}", f"{gain:+.1f}%"]
+        row += [f"{a['tokens_per_forward']:.2f}", f"{b['tokens_per_forward']:.2f}"]
+        if seeds:
+            row.append(f"{b['jitter_geomean_min']:.3f}-{b['jitter_geomean_max']:.3f}")
+        rows.append(row)
+    host_rows = [
+        [r["profile"], f"{r['host_ms_per_lookup']:g}", f"{r['suffix']:.3f}", f"{r['lookup']:.3f}"] for r in host
+    ]
+    lines = [
+        f"Geomean speedup over plain decoding; tuned is {tuned_path}:",
+        table(headers, rows),
+        "",
+        "Host cost per suffix lookup (gated, bundled traces, each its own world):",
+        table(["profile", "ms per lookup", "suffix x", "lookup x (free)"], host_rows),
+    ]
+    return "\n".join(lines)
+
+
+def pairs(cells: list[dict[str, Any]]) -> list[tuple[tuple[str, str, str, str], dict[str, Any], dict[str, Any]]]:
+    """(set, mode, governor, profile) with its lookup and its suffix cell, separate mode first."""
+    keyed = {(c["set"], c["mode"], c["governor"], c["profile"], c["drafter"]): c for c in cells}
+    keys = sorted({k[:4] for k in keyed}, key=lambda k: (k[0], k[1] != "separate", k[2], k[3]))
+    return [(k, keyed[(*k, "lookup")], keyed[(*k, "suffix")]) for k in keys]
 
 
 def host_cost_table(paths: list[str], profiles: list[Profile]) -> list[dict[str, Any]]:
@@ -217,6 +264,7 @@ def host_cost_table(paths: list[str], profiles: list[Profile]) -> list[dict[str,
     traces = [read_trace(ROOT / p) for p in paths]
     nowhere: list[World | None] = [None] * len(traces)
     rows = []
+    bar = progress(len(profiles) * (1 + len(HOST_COSTS_MS)), "host cost per lookup", "row")
     for profile in profiles:
         lookup_config = make_config("gated", {})
         lookup = cell(traces, runs(traces, nowhere, lookup_config, profile), lookup_config, profile, 0)
@@ -227,6 +275,9 @@ def host_cost_table(paths: list[str], profiles: list[Profile]) -> list[dict[str,
                 {"profile": profile.name, "host_ms_per_lookup": cost, "suffix": speedup}
                 | {"lookup": lookup["geomean_speedup"]}
             )
+            bar.update(1)
+        bar.update(1)
+    bar.close()
     return rows
 
 
@@ -234,21 +285,19 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def markdown(cells: list[dict[str, Any]], host: list[dict[str, Any]], tuned_path: str, seeds: int) -> str:
+def markdown(cells: list[dict[str, Any]], host: list[dict[str, Any]], tuned_path: str, seeds: int, command: str) -> str:
     lines = [
         "# Drafters: prompt lookup vs SuffixDecoding",
         "",
         f"Geomean speedup over plain decoding (noise-free; in brackets the median and range over {seeds} jitter "
         f"seeds, sigma {JITTER}), tokens per forward, accepted/proposed. `tuned` is {tuned_path}. "
-        "Command: `python benchmarks/drafters.py --out benchmarks/results/drafters.json`.",
+        f"Command: `{command}`.",
         "",
         "| set | mode | governor | profile | lookup x | suffix x | lookup tok/fwd | suffix tok/fwd | "
         "lookup acc/prop | suffix acc/prop |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    keyed = {(c["set"], c["mode"], c["governor"], c["profile"], c["drafter"]): c for c in cells}
-    for key in sorted({k[:4] for k in keyed}, key=lambda k: (k[0], k[1] != "separate", k[2], k[3])):
-        a, b = keyed[(*key, "lookup")], keyed[(*key, "suffix")]
+    for key, a, b in pairs(cells):
         lines.append(
             f"| {' | '.join(key)} | {_x(a)} | {_x(b)} | {a['tokens_per_forward']:.2f} | {b['tokens_per_forward']:.2f} "
             f"| {a['accepted']}/{a['proposed']} | {b['accepted']}/{b['proposed']} |"

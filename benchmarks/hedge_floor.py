@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _harness import command_line, progress, table, wrote  # noqa: E402
+
 from policies.base import register  # noqa: E402
 from policies.hedge import Hedge  # noqa: E402
 from sim.core.io import write_atomic  # noqa: E402
@@ -72,15 +74,18 @@ def main() -> int:
     for config in configs.values():
         matrix.evaluate(config)  # warm-up: lookups and plain decoding's times are computed once per process
     rates: dict[str, list[float]] = {name: [] for name in GOVERNORS}
+    bar = progress(args.repeats, "trials, side by side", "repeat")
     for _ in range(args.repeats):
         for name, config in configs.items():  # interleaved: drift on a shared machine hits every governor alike
             start = time.process_time()
             matrix.evaluate(config)
             rates[name].append(1.0 / (time.process_time() - start))
+        bar.update(1)
+    bar.close()
     medians = {name: statistics.median(values) for name, values in rates.items()}
     result = {
         "benchmark": "hedge_floor",
-        "command": f"python benchmarks/hedge_floor.py --repeats {args.repeats}",
+        "command": command_line(__file__),
         "machine": {"python": platform.python_version(), "processor": platform.machine(), "system": platform.system()},
         "matrix": {
             "traces": traces,
@@ -99,14 +104,14 @@ def main() -> int:
         "floor_meets_target": medians["floor"] >= TARGET_PER_S,
     }
     write_atomic(args.out, json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"one trial over {result['matrix']['rows']} rows, trials/s on CPU time, median (min..max) of {args.repeats}:")
-    for name in GOVERNORS:
-        r = result["trials_per_s"][name]
-        print(f"  {name:<8} {r['median']:7.1f} ({r['min']:.1f}..{r['max']:.1f})")
+    print(f"one trial over {result['matrix']['rows']} rows, trials/s on CPU time, {args.repeats} repetitions:")
+    speeds = {name: result["trials_per_s"][name] for name in GOVERNORS}
+    rows = [[n, f"{r['median']:.1f}", f"{r['min']:.1f}", f"{r['max']:.1f}"] for n, r in speeds.items()]
+    print(table(["governor", "median trials/s", "min", "max"], rows))
     verdict = "reaches" if result["floor_meets_target"] else "stays below"
     ratio = result["floor_over_hedge"]
-    print(f"  the floor {verdict} the {TARGET_PER_S:g} trials/s target; floor / hedge = {ratio:.2f}")
-    print(f"wrote {args.out}")
+    print(f"the floor {verdict} the {TARGET_PER_S:g} trials/s target; floor / hedge = {ratio:.2f}")
+    wrote(args.out)
     return 0
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _harness import command_line, note, progress, table, wrote  # noqa: E402
+
 from sim.core.io import write_atomic  # noqa: E402
 from sim.core.params import LoopParams  # noqa: E402
 from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
@@ -70,9 +72,13 @@ def main() -> int:
     for trace in traces:  # index lookups once, as any process does before its first replay
         drafter_for(trace, loop.ngram_min, loop.ngram_max)
     dp_s, replay_s = [], []
+    bar = progress(args.repeats, "oracle passes", "repeat")
     for _ in range(args.repeats):
         dp_s.append(schedules_pass(traces, profiles, loop))
         replay_s.append(replays_pass(traces, profiles, loop))
+        bar.update(1)
+    bar.close()
+    note("what the oracle reaches, and gated's share of it ...")
     best = oracle_rows(traces, profiles, loop)
     reached = {}
     for profile in profiles:
@@ -85,7 +91,7 @@ def main() -> int:
         }
     result = {
         "benchmark": "oracle_speed",
-        "command": f"python benchmarks/oracle_speed.py --repeats {args.repeats}",
+        "command": command_line(__file__),
         "machine": {"python": platform.python_version(), "processor": platform.machine(), "system": platform.system()},
         "pass": {
             "traces": [t.name for t in traces],
@@ -101,16 +107,28 @@ def main() -> int:
         "reached": reached,
     }
     write_atomic(args.out, json.dumps(result, indent=1, sort_keys=True) + "\n")
-    print(f"{result['pass']['schedules']} oracle schedules per pass, median (min..max) of {args.repeats}:")
+    print(f"{result['pass']['schedules']} oracle schedules per pass, {args.repeats} repetitions:")
+    speed = []
     for key, what in (("schedule_only", "dynamic programme"), ("oracle_replay", "programme + loop + timing")):
         r = result[key]
-        print(f"  {what:<26} {r['median_s'] * 1000:7.1f} ms ({r['min_s'] * 1000:.1f}..{r['max_s'] * 1000:.1f})")
-    for name, row in reached.items():
-        print(
-            f"  {name}: oracle {row['oracle_geomean_speedup']:.3f}x, gated {row['gated_geomean_speedup']:.3f}x, "
-            f"gated captures {row['gated_headroom_share']:.1%} of the headroom"
+        speed.append([what, f"{r['median_s'] * 1000:.1f}", f"{r['min_s'] * 1000:.1f}", f"{r['max_s'] * 1000:.1f}"])
+    print(table(["one pass", "median ms", "min ms", "max ms"], speed))
+    print()
+    print(
+        table(
+            ["GB10 profile", "oracle geomean", "gated geomean", "headroom gated captures"],
+            [
+                [
+                    name,
+                    f"{row['oracle_geomean_speedup']:.3f}x",
+                    f"{row['gated_geomean_speedup']:.3f}x",
+                    f"{row['gated_headroom_share']:.1%}",
+                ]
+                for name, row in reached.items()
+            ],
         )
-    print(f"wrote {args.out}")
+    )
+    wrote(args.out)
     return 0
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _harness import command_line, progress  # noqa: E402
+
 from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
 from sim.engine.timing import TimingModel, recurrence_timing, simpy_timing  # noqa: E402
@@ -62,15 +64,18 @@ def main() -> int:
         for trace in traces:
             run_trace(trace, config)
     simpy_s, fast_s = [], []
+    bar = progress(args.repeats, "replay passes", "repeat")
     for _ in range(args.repeats):
         elapsed, rounds = one_pass(traces, profiles, configs, simpy_timing)
         simpy_s.append(elapsed)
         elapsed, _ = one_pass(traces, profiles, configs, recurrence_timing)
         fast_s.append(elapsed)
+        bar.update(1)
+    bar.close()
     simpy_median, fast_median = statistics.median(simpy_s), statistics.median(fast_s)
     result = {
         "benchmark": "replay_speed",
-        "command": f"python benchmarks/replay_speed.py --repeats {args.repeats}",
+        "command": command_line(__file__),
         "machine": {"python": platform.python_version(), "processor": platform.machine(), "system": platform.system()},
         "pass": {
             "traces": [t.name for t in traces],

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from _harness import command_line, note, table, wrote
 
 from sim.core.errors import ConfigError
 from sim.core.io import write_atomic
@@ -191,8 +192,30 @@ def corpus_trial(corpus: Path, repeats: int) -> dict[str, Any]:
         "inputs_sha256": {t.path: t.sha256 for t in matrix.traces},
         "note": ""
         if len(found) >= CORPUS_TRACES
-        else f"only {len(found)} corpus traces under {corpus}: measured on {len(paths)} traces, not 250",
+        else f"only {len(found)} corpus traces under {os.path.relpath(corpus, ROOT)}: measured on {len(paths)} traces, "
+        "not 250",
     }
+
+
+def result_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per measurement, for the table a run prints."""
+    rows = []
+    for name, value in results.items():
+        if name == "corpus_trial":
+            shape = f"{value['traces']} traces x {value['rows'] // value['traces']} profiles = {value['rows']} rows"
+            detail = f"{shape}, median; {value['note']}"
+            rows.append([name, f"{value['ms_per_trial']:.1f}", "ms/trial", detail.rstrip("; ")])
+        elif name == "online_governors":
+            for policy, r in value.items():
+                if policy != "rows":
+                    met = "meets" if r["meets_target"] else "misses"
+                    detail = f"CPU time; wall {r['wall_trials_per_s']:.1f}/s; {met} the {r['target_per_s']:g}/s target"
+                    rows.append([f"online: {policy}", f"{r['trials_per_s']:.1f}", "trials/s", detail])
+        else:
+            faster = value.get("evaluate_is_x_faster")
+            detail = f"evaluate is {faster:.1f}x faster" if faster is not None else ""
+            rows.append([name, f"{value['trials_per_s']:.1f}", "trials/s", detail])
+    return rows
 
 
 def main() -> int:
@@ -205,13 +228,21 @@ def main() -> int:
     )
     parser.add_argument("--out", default=str(RESULTS), help=f"results file (default {RESULTS})")
     parser.add_argument(
-        "--corpus", default="traces/corpus", help="corpus folder for corpus_trial (default traces/corpus)"
+        "--corpus",
+        help="corpus folder for corpus_trial (default: the repository's traces/corpus, wherever the command runs)",
     )
     args = parser.parse_args()
 
     out = Path(args.out).resolve()  # before the chdir: --out is relative to where the user ran the command
-    corpus = Path(args.corpus).resolve()
+    corpus = Path(args.corpus).resolve() if args.corpus else ROOT / "traces" / "corpus"
     os.chdir(ROOT)  # the spec's trace globs are relative to the repository root
+    command = command_line(__file__)
+    phases = iter(range(1, 9))
+
+    def phase(what: str) -> None:
+        note(f"[{next(phases)}/8] {what} ...")
+
+    phase("loading the matrix and drawing 50 configurations of the gated_gb10 space")
     spec = load_spec(SPEC.relative_to(ROOT))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # The five bundled traces (the spec's bundled group; its corpus groups are corpus_trial's matrix).
@@ -221,23 +252,28 @@ def main() -> int:
     def per_row(model: TimingModel) -> Callable[[PolicyConfig], object]:
         return lambda c: [replay(t, c, p, model=model) for t in matrix.traces for p in matrix.profiles]
 
-    results = {
-        "evaluate": rate(matrix.evaluate, configs, args.repeats),
-        "replay_fast": rate(per_row(recurrence_timing), configs, args.repeats),
-        "replay_simpy": rate(per_row(simpy_timing), configs[:10], 1),
-    }
+    phase(f"evaluate: {len(configs)} configurations x {args.repeats} passes")
+    results = {"evaluate": rate(matrix.evaluate, configs, args.repeats)}
+    phase(f"replay_fast: {len(configs)} configurations x {args.repeats} passes, row by row")
+    results["replay_fast"] = rate(per_row(recurrence_timing), configs, args.repeats)
+    phase("replay_simpy: 10 configurations, one pass on the simpy model")
+    results["replay_simpy"] = rate(per_row(simpy_timing), configs[:10], 1)
     base = results["evaluate"]["trials_per_s"]
     for name in ("replay_fast", "replay_simpy"):
         results[name]["evaluate_is_x_faster"] = base / results[name]["trials_per_s"]
     # Before the corpus: its lookup indexes stay cached in this process and slow every garbage collection after.
+    phase(f"online_governors: {', '.join(ONLINE_GOVERNORS)}, {max(args.repeats, 15)} trials each")
     results["online_governors"] = online_governor_rates(max(args.repeats, 15))
+    phase(f"corpus_trial: loading up to {CORPUS_TRACES} corpus traces, then {args.repeats} passes")
     results["corpus_trial"] = corpus_trial(corpus, args.repeats)
+    phase(f"study_sqlite, study_journal: two single-worker studies of {args.study_trials} trials")
     with tempfile.TemporaryDirectory() as tmp:
         results["study_sqlite"] = study_rate(spec, matrix, f"sqlite:///{tmp}/bench.db", args.study_trials)
         results["study_journal"] = study_rate(spec, matrix, f"{tmp}/bench.journal.log", args.study_trials)
+    phase("evaluate_hot_spots: one profiled pass")
     report = {
         "benchmark": "benchmarks/tune_speed.py",
-        "command": "python benchmarks/tune_speed.py",
+        "command": command,
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
@@ -254,21 +290,8 @@ def main() -> int:
         "evaluate_hot_spots": hot_spots(matrix, configs),
     }
     write_atomic(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    for name, value in results.items():
-        if name == "corpus_trial":
-            print(f"{name:>14}: {value['ms_per_trial']:8.1f} ms/trial over {value['rows']} rows {value['note']}")
-            continue
-        if name == "online_governors":
-            for policy, r in value.items():
-                if policy == "rows":
-                    continue
-                print(f"{policy:>14}: {r['trials_per_s']:8.1f} trials/s (CPU; wall {r['wall_trials_per_s']:.1f})")
-            continue
-        extra = (
-            f"  (evaluate is {value['evaluate_is_x_faster']:.1f}x faster)" if "evaluate_is_x_faster" in value else ""
-        )
-        print(f"{name:>14}: {value['trials_per_s']:8.1f} trials/s{extra}")
-    print(f"results: {out}")
+    print(table(["measurement", "rate", "unit", "detail"], result_rows(results)))
+    wrote(out)
     return 0
 
 

@@ -1,0 +1,284 @@
+"""What every benchmark shares (not a benchmark itself): the command line that ran, progress and notes on stderr,
+tables a person can read on stdout, and, for the benchmarks that time real forwards, how loaded the machine was and
+whether the noise bounds the error they measured.
+
+Imported by the scripts beside it as `_harness` (a script's folder is first on sys.path when Python runs it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import resource
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.hardware.options import progress as _progress  # noqa: E402  (torch-free: bars on stderr, TQDM_DISABLE)
+
+# ------------------------------------------------------------------------------------------------ what ran, and output
+
+
+def command_line(script: str, argv: Sequence[str] | None = None) -> str:
+    """`python benchmarks/NAME.py` and the arguments this process was given (sys.argv[1:]), quoted as a shell needs
+    them: the command that produced a results file, whatever options it ran with, the same for the same options."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
+
+
+def note(message: str) -> None:
+    """A one-line note on stderr (beside the progress bars), before work that takes more than a moment."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def progress(total: int, desc: str, unit: str = "step") -> tqdm:
+    """A progress bar on stderr with the rate and the time left (sim.hardware.options.progress; off with
+    TQDM_DISABLE=1)."""
+    return _progress(total, desc, unit)
+
+
+_NUMBER = re.compile(r"^[-+]?[\d.]")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Rows under labelled columns, padded to one width per column; a column whose cells all start like a number
+    (`1.234x`, `+7.7%`, `12/34`) is right-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
+    numeric = [bool(cells) and all(_NUMBER.match(row[i]) for row in cells) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if right else v.ljust(w) for v, w, right in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in cells)])
+
+
+def wrote(*paths: str | os.PathLike[str]) -> None:
+    """The files a run wrote, on stdout, as the last line."""
+    print("wrote " + ", ".join(str(p) for p in paths), flush=True)
+
+
+def stem(out: str) -> str:
+    """A result stem from --out: `benchmarks/results/NAME` or `benchmarks/results/NAME.json` (the form every other
+    benchmark takes) both give `benchmarks/results/NAME`, to which `.json`, `.md` and the like are added."""
+    return out[: -len(".json")] if out.endswith(".json") else out
+
+
+# ------------------------------------------------------------------------------------- the machine's load and noise
+
+CPU_PER_WALL_FLOOR = 0.9  # an arm whose runs got less than 0.9 s of CPU per second of wall clock waited for a core
+NOISE_FLOOR_SHARE = 0.5  # noise-bound when the spread alone accounts for at least half the measured error
+MEDIAN_OF_NORMAL = 1.2533  # sd of a sample's median / (sd / sqrt(n)), n large, normal samples
+MEDIAN_ABS_NORMAL = 0.6745  # median of |N(0, 1)|
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def loadavg() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded to hundredths."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class Load:
+    """The machine's load averages at the start of a run, at named points while it times, and at its end."""
+
+    def __init__(self) -> None:
+        self.cores = cores()
+        self.start = loadavg()
+        self.samples: list[dict[str, Any]] = []
+        self.end: list[float] | None = None
+
+    def sample(self, at: str) -> None:
+        self.samples.append({"at": at, "loadavg": loadavg()})
+
+    def finish(self) -> None:
+        self.end = loadavg()
+
+    def during(self) -> list[float]:
+        """1-minute load averages taken while the run timed (every sample and the end; the start's minute came
+        before the run)."""
+        return [s["loadavg"][0] for s in self.samples] + ([self.end[0]] if self.end else [])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cores": self.cores, "loadavg_start": self.start, "loadavg_end": self.end, "samples": self.samples}
+
+
+@contextlib.contextmanager
+def metered_runs(module: Any, name: str = "run_arm") -> Iterator[list[dict[str, Any]]]:
+    """While inside, every call of `module.name(lm, trace, arm, ...)` (sim.hardware.confirm.run_arm, which
+    `collect` calls for every warm-up and timed run) is recorded in order with the process's CPU time beside its
+    wall time and the involuntary context switches (the times the kernel took the core away) it suffered."""
+    original = getattr(module, name)
+    records: list[dict[str, Any]] = []
+
+    def metered(lm: Any, trace: Any, arm: Any, *args: Any, **kwargs: Any) -> Any:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = original(lm, trace, arm, *args, **kwargs)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - usage.ru_nivcsw
+        records.append(
+            {"trace": trace.name, "arm": arm.label, "cpu_s": cpu, "wall_s": wall, "involuntary_switches": switches}
+        )
+        return result
+
+    setattr(module, name, metered)
+    try:
+        yield records
+    finally:
+        setattr(module, name, original)
+
+
+def attach_cpu(rows: list[dict[str, Any]], records: list[dict[str, Any]], timed: int) -> dict[str, dict[str, Any]]:
+    """Add to every row its runs' CPU and wall seconds (`cpu_s_all`, `wall_s_all`, in repetition order like
+    `ms_all`) and `cpu_per_wall`, from the last `timed` records (the ones before are warm-ups); return the same per
+    arm, summed over its timed runs."""
+    runs = records[len(records) - timed :]
+    per_arm: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        mine = [r for r in runs if r["trace"] == row["trace"] and r["arm"] == row["arm"]]
+        row["cpu_s_all"] = [r["cpu_s"] for r in mine]
+        row["wall_s_all"] = [r["wall_s"] for r in mine]
+        row["cpu_per_wall"] = _ratio(sum(row["cpu_s_all"]), sum(row["wall_s_all"]))
+    for r in runs:
+        arm = per_arm.setdefault(r["arm"], {"cpu_s": 0.0, "wall_s": 0.0, "involuntary_switches": 0, "runs": 0})
+        arm["cpu_s"] += r["cpu_s"]
+        arm["wall_s"] += r["wall_s"]
+        arm["involuntary_switches"] += r["involuntary_switches"]
+        arm["runs"] += 1
+    for arm in per_arm.values():
+        arm["cpu_per_wall"] = _ratio(arm["cpu_s"], arm["wall_s"])
+    return dict(sorted(per_arm.items()))
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def speedup_noise_points(reps: Sequence[float]) -> float | None:
+    """How far a row's median speedup moves by chance, in points of x: the standard error of a median of the
+    per-repetition speedups, 1.2533 sd / sqrt(n). None for one repetition."""
+    if len(reps) < 2:
+        return None
+    return 100.0 * MEDIAN_OF_NORMAL * statistics.stdev(reps) / math.sqrt(len(reps))
+
+
+def noise_verdict(
+    policy_rows: Sequence[dict[str, Any]],
+    error: float,
+    target: float,
+    load: dict[str, Any],
+    arms_cpu: dict[str, dict[str, Any]],
+    judge_cpu: bool = True,
+) -> dict[str, Any]:
+    """Whether a run's median |error| (`error`, points of x, against a target median of `target`) measures the
+    timing model or the machine's noise. Noise-bound when any of:
+
+    - the 1-minute load average, sampled while the run timed, exceeded the cores this process may use;
+    - an arm got less than CPU_PER_WALL_FLOOR seconds of CPU per second of wall clock (it waited for a core; only
+      judged with `judge_cpu`, on a CPU device: a GPU run's host thread may wait on the device);
+    - the repetitions' spread alone accounts for a median |error| above the target and at least half the measured
+      one: the noise floor, 0.6745 x the median over policy rows of each row's speedup noise (speedup_noise_points),
+      is what a perfect model would show; or there was one repetition, so there is no spread to tell noise from error.
+
+    Returns `verdict` ("fidelity" or "noise-bound"), the `reasons`, and the figures they were judged on.
+    """
+    reasons = []
+    during = [s["loadavg"][0] for s in load.get("samples", [])]
+    if load.get("loadavg_end"):
+        during.append(load["loadavg_end"][0])
+    peak = max(during) if during else None
+    if peak is not None and peak > load["cores"]:
+        reasons.append(f"1-minute load average up to {peak:.2f} while timing, above the {load['cores']} cores")
+    ratios = {arm: a["cpu_per_wall"] for arm, a in arms_cpu.items() if a.get("cpu_per_wall") is not None}
+    lowest = min(ratios.values()) if ratios else None
+    if judge_cpu and lowest is not None and lowest < CPU_PER_WALL_FLOOR:
+        starved = ", ".join(f"{arm} {r:.3f}" for arm, r in ratios.items() if r < CPU_PER_WALL_FLOOR)
+        reasons.append(f"CPU s per wall s below {CPU_PER_WALL_FLOOR}: {starved} (the runs waited for a core)")
+    noises = [speedup_noise_points(r["speedup_reps"]) for r in policy_rows]
+    known = [n for n in noises if n is not None]
+    floor = MEDIAN_ABS_NORMAL * statistics.median(known) if known else None
+    if floor is None:
+        reasons.append("one repetition: no spread to tell noise from error")
+    elif floor > target and floor >= NOISE_FLOOR_SHARE * error:
+        reasons.append(
+            f"the repetitions' spread alone gives a median |error| of {floor:.2f} points, above the target "
+            f"{target:g} and at least half the measured {error:.2f}"
+        )
+    return {
+        "verdict": "noise-bound" if reasons else "fidelity",
+        "reasons": reasons,
+        "median_abs_error_points": error,
+        "target_median_points": target,
+        "noise_floor_points": floor,
+        "loadavg_max_during": peak,
+        "cores": load["cores"],
+        "cpu_per_wall_min": lowest,
+        "cpu_judged": judge_cpu,
+        "rules": {
+            "loadavg_above_cores": True,
+            "cpu_per_wall_floor": CPU_PER_WALL_FLOOR,
+            "noise_floor": "0.6745 x median over policy rows of 1.2533 x sd(speedup_reps) / sqrt(reps), in points; "
+            f"noise-bound above the target and at least {NOISE_FLOOR_SHARE:g} x the measured median |error|",
+        },
+    }
+
+
+def verdict_line(noise: dict[str, Any]) -> str:
+    """`noise-bound: REASONS` or `fidelity: ...`, the line a run prints under its table."""
+    if noise["verdict"] == "noise-bound":
+        return (
+            f"noise-bound: {'; '.join(noise['reasons'])}; the median |error| of "
+            f"{noise['median_abs_error_points']:.2f} points measures this machine's noise, not the timing model"
+        )
+    cpu = f", CPU s per wall s >= {noise['cpu_per_wall_min']:.2f}" if noise["cpu_per_wall_min"] is not None else ""
+    load = f"{noise['loadavg_max_during']:.2f}" if noise["loadavg_max_during"] is not None else "?"
+    return (
+        f"fidelity: load average <= {load} on {noise['cores']} cores{cpu}, noise floor "
+        f"{noise['noise_floor_points']:.2f} points against a median |error| of {noise['median_abs_error_points']:.2f}"
+    )
+
+
+def load_lines(result: dict[str, Any], where: str) -> list[str]:
+    """Markdown lines on the machine's load and the run's verdict, for results that have them (older ones do not):
+    load averages (`where` the samples were taken), each arm's CPU seconds per wall second, the verdict's reasons."""
+    noise, load = result["summary"].get("noise"), result.get("load")
+    if noise is None or load is None:
+        return []
+    arms = result["summary"]["arms_cpu"]
+    cpu = ", ".join(f"{arm} {a['cpu_per_wall']:.3f}" for arm, a in arms.items() if a["cpu_per_wall"] is not None)
+    during = ", ".join(f"{s['loadavg'][0]:.2f}" for s in load["samples"])
+    lines = [
+        f"Machine: {load['cores']} cores; 1-minute load average {load['loadavg_start'][0]:.2f} at the start, "
+        f"{during} {where}, {load['loadavg_end'][0]:.2f} at the end. CPU s per wall s of the timed runs: {cpu}"
+        f"{'' if noise['cpu_judged'] else ' (recorded, not judged: not a CPU run)'}.",
+        "",
+    ]
+    if noise["verdict"] == "noise-bound":
+        lines += [
+            "**Verdict: noise-bound.** The errors above measure this machine's noise, not the timing model:",
+            "",
+            *(f"- {reason}" for reason in noise["reasons"]),
+        ]
+    else:
+        lines.append(f"**Verdict: fidelity.** {verdict_line(noise).removeprefix('fidelity: ')}.")
+    return [*lines, ""]
