@@ -3,33 +3,42 @@
 Replay needs only what a greedy run emitted, so any saved reply is a trace once tokenized (sim/corpus/): a prompt
 and a reply file, a JSON Lines file of `{prompt, output}` records or chat `messages`, or the edits of a git
 history. Every trace stops on EOS right after the reply. An output that exists is replaced only with --force, and
-no output may be one of the inputs; both are checked before anything is written. A folder of traces is written
-all or nothing: a failure or Ctrl-C leaves the output folder as it was.
+no output may be one of the inputs; both are checked before anything is written, and so are the inputs' sizes
+against what sim.replay can read. A folder of traces is written all or nothing (with --force it replaces the
+earlier folder as a whole): a failure, Ctrl-C or SIGTERM leaves the output folder as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 from sim import cli
 from sim.core.io import check_out_folder, write_atomic
 from sim.corpus import IngestError, check_text
-from sim.corpus.build import Built, Item, build, check_outputs, output_paths, staged, write
+from sim.corpus.build import MAX_TRACES, Budget, Item, Written, check_outputs, output_paths, write
 from sim.corpus.chat import TEMPLATES, jsonl_items
 from sim.corpus.git import LOCK_FILES, MAX_BLOB_BYTES, EditParams, folder_globs, history, open_repo, read_globs
 from sim.corpus.manifest import FILE as MANIFEST
 from sim.corpus.manifest import manifest, text
+from sim.corpus.staging import Terminated, check_replaceable, remove_stale, staged
 from sim.corpus.text import text_item
 from sim.corpus.tokenize import Tokenizer, load_tokenizer
 from sim.engine.timing import MAX_SEED
 
-MAX_TRACES = 1_000_000
 MAX_CONTEXT = 1000
+FOLDER = (
+    "an existing --out folder as a whole, so that it holds this run's traces only (refused when it holds anything "
+    "sim.ingest does not write, or one of the inputs)"
+)
+TERMINATED = 128 + signal.SIGTERM  # the exit status a shell gives a command that SIGTERM ended
 
 
 def _common(parser: argparse.ArgumentParser, what: str) -> None:
@@ -45,7 +54,7 @@ def _common(parser: argparse.ArgumentParser, what: str) -> None:
         help="with --tokenizer: the text of the token that ends a reply, e.g. '<|im_end|>' (its id goes into "
         "eos_token_ids; without it a trace names no EOS id)",
     )
-    parser.add_argument("--force", action="store_true", help=f"replace {what} already there (never one of the inputs)")
+    parser.add_argument("--force", action="store_true", help=f"replace {what}")
 
 
 def _recorded(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the trace to write; its name is the file stem",
     )
     _recorded(one)
-    _common(one, "the trace")
+    _common(one, "the trace already there (never one of the inputs)")
     records = sub.add_parser(
         "jsonl",
         help="traces from a JSON Lines file of {prompt, output} records or chat messages",
@@ -101,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "chatml (<|im_start|>role ... <|im_end|>, Qwen and others) or llama3 (<|start_header_id|>role ...)",
     )
     _recorded(records)
-    _common(records, "traces")
+    _common(records, FOLDER)
     _git_parser(
         sub.add_parser(
             "git",
@@ -171,12 +180,40 @@ def _git_parser(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="more globs, one a line (# starts a comment), e.g. traces/corpus/exclude.txt",
     )
-    _common(parser, "traces and ingest.json")
+    _common(parser, FOLDER)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return cli.run(lambda: _ingest(args))
+    with _sigterm_raises():
+        return cli.run(lambda: _until_terminated(args))
+
+
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM stops the command as Ctrl-C does, where it lands, so that the staging folder is removed (the
+    default action would end the process on the spot and leave it)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: signals are not ours to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _until_terminated(args: argparse.Namespace) -> int:
+    try:
+        return _ingest(args)
+    except Terminated:  # a KeyboardInterrupt to every cleanup on the way here; its own line and exit status
+        print("terminated", file=sys.stderr)
+        return TERMINATED
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -188,20 +225,28 @@ def _ingest(args: argparse.Namespace) -> int:
         if out.suffix != ".jsonl":
             raise IngestError(f"--out {args.out}: a trace file name ends in .jsonl")
         check_outputs([out], [args.prompt, args.reply, *tokenizer_files], args.force, "--out")
-        built = _build_all([text_item(args.prompt, args.reply, args.out)], tokenizer, _source(args), args)
-        write(out.parent, built)  # one file, written atomically
-        _report(built, str(out))
+        items = _with_model([text_item(args.prompt, args.reply, args.out)], args)
+        written = write(out.parent, items, tokenizer, _source(args))  # one file, written atomically
+        _report(written, str(out))
         return 0
     out = check_out_folder(args.out, "--out")
+    remove_stale(out)  # first: it may put back an earlier folder that the checks below must see
     if args.command == "jsonl":
         items = jsonl_items(args.file, args.template)
-        check_outputs(output_paths(out, items), [args.file, *tokenizer_files], args.force, "--out")
-        built = _build_all(items, tokenizer, _source(args), args)
-        with staged(out) as staging:
-            write(staging, built)
-        _report(built, str(out))
+        inputs = [args.file, *tokenizer_files]
+        _check_outputs(out, output_paths(out, items), inputs, args)
+        with staged(out, replace=args.force) as staging:
+            written = write(staging, _with_model(items, args), tokenizer, _source(args))
+        _report(written, str(out))
         return 0
     return _git(args, out, tokenizer, tokenizer_files)
+
+
+def _check_outputs(out: Path, outputs: list[Path], inputs: list[str], args: argparse.Namespace) -> None:
+    """The outputs, and with --force over an existing folder, that replacing it as a whole loses nothing else."""
+    check_outputs(outputs, inputs, args.force, "--out")
+    if args.force and (out.is_dir() or out.is_symlink()):
+        check_replaceable(out, [*inputs, *([args.repo] if args.command == "git" else [])], "--out")
 
 
 def _git(args: argparse.Namespace, out: Path, tokenizer: Tokenizer, tokenizer_files: list[str]) -> int:
@@ -211,14 +256,14 @@ def _git(args: argparse.Namespace, out: Path, tokenizer: Tokenizer, tokenizer_fi
     found = history(args.repo, args.range, args.since, params, excludes + folder_globs(out, top))
     if not found.items:
         raise IngestError(f"{args.repo}: no edit in --range {args.range} makes a trace ({_skips(found.skipped)})")
+    Budget("give --max, or a shorter --range").check(found.items)
     inputs = [*tokenizer_files, *([args.exclude_from] if args.exclude_from else [])]
-    check_outputs([*output_paths(out, found.items), out / MANIFEST], inputs, args.force, "--out")
-    built = _build_all(found.items, tokenizer, "reference", args)  # commits are written by people, not decoded
-    with staged(out) as staging:
-        write(staging, built)
-        data = manifest(staging, args.range, args.since, found, params, excludes, tokenizer, built)
+    _check_outputs(out, [*output_paths(out, found.items), out / MANIFEST], inputs, args)
+    with staged(out, replace=args.force) as staging:
+        written = write(staging, found.items, tokenizer, "reference")  # commits are written by people, not decoded
+        data = manifest(staging, args.range, args.since, found, params, excludes, tokenizer, written)
         write_atomic(staging / MANIFEST, text(data))
-    _report(built, str(out))
+    _report(written, str(out))
     print(
         f"commits {data['first_commit'][:10]}..{data['last_commit'][:10]} ({data['commits']}); "
         f"skipped: {_skips(found.skipped)}"
@@ -230,9 +275,9 @@ def _source(args: argparse.Namespace) -> str:
     return "recorded" if args.recorded else "reference"
 
 
-def _build_all(items: list[Item], tokenizer: Tokenizer, source: str, args: argparse.Namespace) -> list[Built]:
+def _with_model(items: list[Item], args: argparse.Namespace) -> list[Item]:
     model = {"model": args.model} if getattr(args, "model", None) else {}
-    return [build(replace(item, meta={**item.meta, **model}), tokenizer, source) for item in items]
+    return [replace(item, meta={**item.meta, **model}) for item in items]
 
 
 def _skips(skipped: Counter[str]) -> str:
@@ -240,9 +285,9 @@ def _skips(skipped: Counter[str]) -> str:
     return ", ".join(listed) or "nothing"
 
 
-def _report(built: list[Built], where: str) -> None:
-    tokens = sum(len(t.tokens) for t in built)
-    kinds = Counter(str(t.header.get("kind", "")) for t in built)
+def _report(built: list[Written], where: str) -> None:
+    tokens = sum(t.reply_tokens for t in built)
+    kinds = Counter(str(t.item.meta.get("kind", "")) for t in built)
     by_kind = f" ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})" if "" not in kinds else ""
     print(f"{where}: {len(built)} trace(s){by_kind}, {tokens} reply tokens")
 

@@ -20,9 +20,9 @@ from conftest import ROOT, assert_refused, run_main, snapshot
 
 from sim import ingest
 from sim import replay as replay_cli
-from sim.corpus import build as build_module
-from sim.corpus.build import staged
+from sim.corpus import staging as staging_module
 from sim.corpus.git import KINDS
+from sim.corpus.staging import staged
 from sim.engine.costs import DEFAULT_PROFILE, load_profile
 from sim.engine.timing import recurrence_timing
 from sim.engine.trace import read_trace
@@ -350,12 +350,12 @@ def test_git_range_and_output_inside_the_repository(small_repo, capsys):
     ingest_ok(capsys, "git", str(repo), "--out", str(out), "--range", f"{first}..{second}")
     assert {t.header["commit"] for t in traces_in(out).values()} == {second}
     written = len(snapshot(out))
-    commit(repo, "Commit the corpus, and a file in it", {"corpus/code/note.py": "x = 2\n"})
-    commit(repo, "Edit it", {"corpus/code/note.py": "x = 3\n", "a.py": "running_sum = 1\n"})
+    commit(repo, "Commit the corpus, and a trace-like file in it", {"corpus/code/note.jsonl": "x = 2\n"})
+    commit(repo, "Edit it", {"corpus/code/note.jsonl": "x = 3\n", "a.py": "running_sum = 1\n"})
     ingest_ok(capsys, "git", str(repo), "--out", str(out), "--range", f"{third}..HEAD", "--force")
     skipped = json.loads((out / "ingest.json").read_text())["skipped"]
     assert skipped == {"new file": written + 1, "excluded": 1}  # the edit inside --out is never read
-    assert [t.header["path"] for t in traces_in(out).values() if t.header["commit"] != second] == ["a.py"]
+    assert [t.header["path"] for t in traces_in(out).values()] == ["a.py"]  # the earlier run's traces replaced
 
 
 def test_git_sample_is_deterministic_per_seed_and_capped_per_kind(tmp_path, capsys):
@@ -660,7 +660,7 @@ def test_a_folder_of_traces_is_written_all_or_nothing(tmp_path):
         real_replace(source, target)
 
     with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(build_module.os, "replace", replace_after_ctrl_c)
+        patch.setattr(staging_module.os, "replace", replace_after_ctrl_c)
         with staged(kept) as staging:
             for name in ("a", "b", "c"):
                 (staging / f"{name}.jsonl").write_text(name)

@@ -1,7 +1,8 @@
 """Trace corpora from saved outputs: replies and their prompts tokenized into traces (`python -m sim.ingest`).
 
-tokenize.py loads the tokenizer, build.py turns a prompt and a reply into a trace and writes traces, text.py and
-chat.py read text files and JSON Lines records, git.py makes edit traces from a repository's history
+tokenize.py loads the tokenizer, build.py bounds and turns a prompt and a reply into a trace and writes traces,
+staging.py puts a folder of traces into place as one step, text.py and chat.py read text files and JSON Lines
+records, git.py makes edit traces from a repository's history without running anything it configures
 ([docs/ingest.md](../../docs/ingest.md)).
 """
 

@@ -1,21 +1,37 @@
-"""A prompt and a reply made into a trace (the reply's tokens, then EOS), and traces written without clobbering."""
+"""A prompt and a reply made into a trace (the reply's tokens, then EOS), bounded so that sim.replay can read it,
+and traces written without clobbering."""
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import os
-import shutil
-import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.core.io import refuse_inputs_as_outputs
-from sim.core.stops import STOPS
+from sim.core.io import MAX_FILE_BYTES, refuse_inputs_as_outputs
 from sim.corpus import IngestError, check_text
 from sim.corpus.tokenize import Tokenizer
-from sim.engine.trace import SOURCES, one_line, write_trace
+from sim.engine.trace import MAX_LINE_BYTES, MAX_TOKEN_ID, SOURCES, header_line, one_line, token_line, write_trace
+
+# What sim.replay's trace reader refuses, ingest refuses before tokenizing: a file over MAX_FILE_BYTES, a line (the
+# header, with every prompt token) over MAX_LINE_BYTES. No tokenizer here makes more than one token of a UTF-8
+# byte (GPT-2's tokens are byte strings), so texts within these bounds always give a trace the reader takes, even
+# with the widest token ids; a tokenizer.json that does expand text is caught after tokenizing (`build`).
+TOKEN_LINE_BYTES = len(token_line(MAX_TOKEN_ID))  # 36
+PROMPT_TOKEN_BYTES = len(f", {MAX_TOKEN_ID}")  # one more id in the header's prompt_tokens list
+HEADER_ROOM = 1 << 20  # the header's other keys: name, paths, commit, hashes, model
+MAX_PROMPT_BYTES = (MAX_LINE_BYTES - HEADER_ROOM) // PROMPT_TOKEN_BYTES  # 5.5 MB
+MAX_REPLY_BYTES = (MAX_FILE_BYTES - MAX_LINE_BYTES) // TOKEN_LINE_BYTES  # 28 MB
+MAX_TRACES = 1_000_000  # traces of one run
+MAX_TEXT_BYTES = MAX_FILE_BYTES  # prompts and replies of one run: no more than the largest input read
+# A file name within 255 bytes, as file systems allow, once sim.core.io.write_atomic's temporary copy
+# (".NAME.XXXXXXXX.tmp") adds its 14.
+MAX_FILE_NAME_BYTES = 255 - len("..12345678.tmp")
+MAX_STEM_BYTES = 160  # a name made from an input's name is cut to this, with a hash (as git edits' paths are)
+PROMPT_WHY = f"one token a byte would pass the {MAX_LINE_BYTES}-byte header line sim.replay reads"
+REPLY_WHY = f"one token line a byte would pass the {MAX_FILE_BYTES}-byte trace file sim.replay reads"
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,71 @@ class Built:
     item: Item
     header: dict[str, Any]
     tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Written:
+    """A trace written: its item and its token counts (the tokens themselves are not kept)."""
+
+    item: Item
+    prompt_tokens: int
+    reply_tokens: int
+
+
+def utf8_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def short_stem(stem: str) -> str:
+    """A name made from an input's name, cut to MAX_STEM_BYTES (on a character boundary) with the first 8 hex
+    digits of its sha256 after it, so that the trace file names made from it stay well within MAX_FILE_NAME_BYTES.
+    A name that is not Unicode is left as it is (`build` refuses it)."""
+    try:
+        data = stem.encode("utf-8")
+    except UnicodeEncodeError:
+        return stem
+    if len(data) <= MAX_STEM_BYTES:
+        return stem
+    cut = data[: MAX_STEM_BYTES - 9].decode("utf-8", "ignore")
+    return f"{cut}-{hashlib.sha256(data).hexdigest()[:8]}"
+
+
+def check_size(where: str, prompt: str, reply: str) -> int:
+    """Before tokenizing: a prompt and a reply within MAX_PROMPT_BYTES and MAX_REPLY_BYTES; their bytes."""
+    size = utf8_bytes(reply)
+    if size > MAX_REPLY_BYTES:
+        raise IngestError(f"{where}: a reply of {size} bytes; a trace holds at most {MAX_REPLY_BYTES} ({REPLY_WHY})")
+    prompt_size = utf8_bytes(prompt)
+    if prompt_size > MAX_PROMPT_BYTES:
+        raise IngestError(
+            f"{where}: a prompt of {prompt_size} bytes; a trace holds at most {MAX_PROMPT_BYTES} ({PROMPT_WHY})"
+        )
+    return size + prompt_size
+
+
+@dataclass
+class Budget:
+    """The traces of one run, counted before any is tokenized: each within `check_size`, at most MAX_TRACES of
+    them and MAX_TEXT_BYTES of text in all. `hint` says how to ask for less."""
+
+    hint: str
+    traces: int = 0
+    text: int = 0
+
+    def add(self, where: str, prompt: str, reply: str) -> None:
+        self.traces += 1
+        if self.traces > MAX_TRACES:
+            raise IngestError(f"{where}: trace {self.traces}; one run builds at most {MAX_TRACES} ({self.hint})")
+        self.text += check_size(where, prompt, reply)
+        if self.text > MAX_TEXT_BYTES:
+            raise IngestError(
+                f"{where}: the traces up to here hold {self.text} bytes of prompts and replies; one run tokenizes "
+                f"at most {MAX_TEXT_BYTES} ({self.hint})"
+            )
+
+    def check(self, items: Iterable[Item]) -> None:
+        for item in items:
+            self.add(item.where, item.prompt, item.reply)
 
 
 def build(item: Item, tokenizer: Tokenizer, source: str) -> Built:
@@ -67,7 +148,28 @@ def build(item: Item, tokenizer: Tokenizer, source: str) -> Built:
         "stop": "eos",
         "prompt_tokens": _encode(tokenizer, item.prompt, f"{item.where}: the prompt"),
     }
+    _check_readable(item, header, tokens)
     return Built(item, header, tokens)
+
+
+TOKEN_LINE_BASE = len(token_line(0)) - 1  # a token line's bytes besides its id's digits
+
+
+def _check_readable(item: Item, header: dict[str, Any], tokens: list[int]) -> None:
+    """After tokenizing, exactly: the header line and the whole file within what sim.replay's reader takes (a
+    tokenizer.json may make more tokens than the text has bytes)."""
+    line = len(header_line(header).encode("utf-8"))
+    if line > MAX_LINE_BYTES:
+        raise IngestError(
+            f"{item.where}: the prompt's {len(header['prompt_tokens'])} tokens make a header line of {line} bytes; "
+            f"sim.replay reads lines of at most {MAX_LINE_BYTES}"
+        )
+    size = line + TOKEN_LINE_BASE * len(tokens) + sum(len(str(token)) for token in tokens)
+    if size > MAX_FILE_BYTES:
+        raise IngestError(
+            f"{item.where}: the reply's {len(tokens)} tokens make a trace of {size} bytes; sim.replay reads trace "
+            f"files of at most {MAX_FILE_BYTES}"
+        )
 
 
 def _encode(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
@@ -91,6 +193,13 @@ def check_outputs(outputs: Sequence[Path], inputs: Sequence[str | os.PathLike[st
     """Before any work: no output is an input, a folder, or (without --force) a file that exists."""
     refuse_inputs_as_outputs(outputs, inputs, flag)
     for path in outputs:
+        size = len(os.fsencode(path.name))
+        if size > MAX_FILE_NAME_BYTES:
+            raise IngestError(
+                f"{flag}: the file name {path.name[:40]}... is {size} bytes; at most {MAX_FILE_NAME_BYTES} (file "
+                "systems allow 255, and the temporary file each trace is written through adds 14)"
+            )
+    for path in outputs:
         if path.is_dir() and not path.is_symlink():
             raise IngestError(f"{flag}: {path} is a folder; the trace cannot be written there")
     for folder in sorted({parent for path in outputs for parent in path.parents}):
@@ -102,28 +211,12 @@ def check_outputs(outputs: Sequence[Path], inputs: Sequence[str | os.PathLike[st
         raise IngestError(f"{flag}: {listed} already exist(s); give --force to replace, or choose another {flag}")
 
 
-def write(folder: Path, built: Sequence[Built]) -> None:
-    """Write every trace (each atomically) under `folder`."""
-    for trace in built:
-        write_trace(folder / trace.item.file, trace.header, trace.tokens)
-
-
-@contextlib.contextmanager
-def staged(out: Path) -> Iterator[Path]:
-    """All or nothing: a hidden folder inside `out` to write into. Leaving normally moves everything written there
-    into `out` (a rename a file, every stop held until the last one is in); a failure or Ctrl-C before then leaves
-    `out` as it was, and removes `out` again when this made it and nothing went in."""
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".ingest-", suffix=".tmp"))
-    try:
-        yield staging
-        files = sorted(path.relative_to(staging) for path in staging.rglob("*") if path.is_file())
-        with STOPS.handling():
-            for file in files:
-                (out / file).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / file, out / file)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if made and not any(out.iterdir()):
-            out.rmdir()
+def write(folder: Path, items: Iterable[Item], tokenizer: Tokenizer, source: str) -> list[Written]:
+    """Build and write every trace (each atomically) under `folder`, one at a time: only one trace's tokens are
+    ever held."""
+    written = []
+    for item in items:
+        trace = build(item, tokenizer, source)
+        write_trace(folder / item.file, trace.header, trace.tokens)
+        written.append(Written(item, len(trace.header["prompt_tokens"]), len(trace.tokens)))
+    return written

@@ -14,7 +14,10 @@ from typing import Any
 
 from sim.core.io import decode_text, load_json, read_bytes
 from sim.corpus import IngestError
-from sim.corpus.build import Item
+from sim.corpus.build import MAX_TRACES, Budget, Item, short_stem, utf8_bytes
+from sim.engine.trace import MAX_LINE_BYTES
+
+SPLIT = "split the file"
 
 Turn = tuple[str, str]  # role, content
 
@@ -59,12 +62,15 @@ def _turns(record: dict[str, Any], where: str) -> list[Turn]:
     return turns
 
 
-def record_items(record: Any, path: str, number: int, template: str) -> list[Item]:
-    """The traces of line `number`, named `STEM-LINE` (`STEM-LINE-tK` for a chat's K-th assistant turn)."""
+def record_items(record: Any, path: str, number: int, template: str, budget: Budget | None = None) -> list[Item]:
+    """The traces of line `number`, named `STEM-LINE` (`STEM-LINE-tK` for a chat's K-th assistant turn), each
+    counted in `budget` as soon as it is made (a chat's prompts repeat its earlier turns: a long chat of many turns
+    must be stopped before they are all made)."""
     where = f"{path}:{number}"
+    budget = budget if budget is not None else Budget(SPLIT)
     if not isinstance(record, dict):
         raise IngestError(f"{where}: expected a JSON object with 'prompt' and 'output', or with 'messages'")
-    base = f"{Path(path).name.removesuffix('.jsonl')}-{number:04d}"
+    base = f"{short_stem(Path(path).name.removesuffix('.jsonl'))}-{number:04d}"
     if "messages" in record:
         if "prompt" in record or "output" in record:
             raise IngestError(f"{where}: a record has either 'messages' or 'prompt' and 'output', not both")
@@ -76,6 +82,7 @@ def record_items(record: Any, path: str, number: int, template: str) -> list[Ite
                 meta = {"record_line": number, "turn": index + 1, "template": template}
                 prompt = TEMPLATES[template](turns[:index])
                 items.append(Item(f"{base}-t{k}.jsonl", prompt, content, f"{where}: assistant turn {k}", meta))
+                budget.add(items[-1].where, prompt, content)
         return items
     missing = [key for key in ("prompt", "output") if key not in record]
     if missing:
@@ -83,22 +90,34 @@ def record_items(record: Any, path: str, number: int, template: str) -> list[Ite
             f"{where}: missing {' and '.join(repr(k) for k in missing)}; expected {{prompt, output}} or {{messages}}"
         )
     prompt, output = _string(record, "prompt", where), _string(record, "output", where)
+    budget.add(where, prompt, output)
     return [Item(f"{base}.jsonl", prompt, output, where, {"record_line": number})]
 
 
 def jsonl_items(path: str, template: str) -> list[Item]:
     """Every trace of a JSON Lines file, in file order; a blank line is an error, as in traces."""
     data = read_bytes(path, IngestError, "JSON Lines file")
+    count = data.count(b"\n")
+    if count > MAX_TRACES:  # every line gives a trace or more
+        raise IngestError(
+            f"{path}: {count} lines; one run builds at most {MAX_TRACES} traces, one or more a line ({SPLIT})"
+        )
     text = decode_text(data, path, IngestError)
     lines = text.split("\n")
     if lines[-1]:
         raise IngestError(f"{path}:{len(lines)}: truncated last line (no newline at the end of the file)")
     items: list[Item] = []
+    budget = Budget(SPLIT)
     for number, line in enumerate(lines[:-1], start=1):
         where = f"{path}:{number}"
+        if len(line) > MAX_LINE_BYTES // 4 and utf8_bytes(line) > MAX_LINE_BYTES:  # checked before JSON parses it
+            raise IngestError(
+                f"{where}: a line of {utf8_bytes(line)} bytes; a record line may take at most {MAX_LINE_BYTES}, as a "
+                "trace line may"
+            )
         if not line.strip():
             raise IngestError(f"{where}: blank line; expected one JSON object per line")
-        items += record_items(load_json(line, where, IngestError), path, number, template)
+        items += record_items(load_json(line, where, IngestError), path, number, template, budget)
     if not items:
         raise IngestError(f"{path}: no records; expected one JSON object per line")
     sha = hashlib.sha256(data).hexdigest()  # the header names the exact input file

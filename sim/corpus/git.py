@@ -42,18 +42,57 @@ LOCK_FILES = ("*.lock", "package-lock.json", "pnpm-lock.yaml")
 MAX_BLOB_BYTES = 1 << 20  # a file above this is skipped as huge without being read
 MAX_SUBJECT_CHARS = 200
 MAX_SLUG = 160  # a trace file name: 11 + this + up to 14 (-L<line>.jsonl); a temporary copy adds about 14
-# Git reads no user or system configuration (no pager, no external diff, no textconv, no replaced objects), and
-# speaks C: the same objects give the same bytes on every machine.
+# Git reads no user or system configuration and no replaced objects, and speaks C: the same objects give the same
+# bytes on every machine.
 GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_ATTR_NOSYSTEM": "1",
     "GIT_PAGER": "cat",
     "PAGER": "cat",
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_OPTIONAL_LOCKS": "0",
     "GIT_NO_REPLACE_OBJECTS": "1",
+    # A partial clone fetches a missing object from its remote, through whatever transport, proxy, ssh command or
+    # upload-pack program its configuration names. This list of allowed protocols names none and, unlike
+    # protocol.allow, overrides every protocol.<name>.allow a configuration sets; newer gits also skip the fetch.
+    "GIT_ALLOW_PROTOCOL": "",
+    "GIT_PROTOCOL_FROM_USER": "0",
+    "GIT_NO_LAZY_FETCH": "1",
     "LC_ALL": "C",
 }
+# The repository's own .git/config, and every file it includes, is read on each call, and a repository handed over
+# as a folder or an archive is not to be trusted: a key there that names a program would run it. A setting given
+# with -c wins over every configuration file, included ones too, so each key that names a program and that a
+# command below can reach is pinned here to nothing that runs. Per-driver keys (diff.<driver>.command, textconv,
+# filter.<driver>.*, merge.<driver>.driver) cannot be listed: --no-ext-diff and --no-textconv switch the first two
+# off, and no command here converts files to or from a working tree or merges, where the others run.
+SAFE_CONFIG = (
+    "core.fsmonitor=false",  # a hook program asked for changed files whenever the index is read
+    f"core.hooksPath={os.devnull}",
+    "core.pager=cat",
+    f"core.attributesFile={os.devnull}",
+    "log.showSignature=false",  # verifying a signed commit runs gpg.program (or its x509 or ssh kin)
+    f"gpg.program={os.devnull}",
+    f"gpg.openpgp.program={os.devnull}",
+    f"gpg.x509.program={os.devnull}",
+    f"gpg.ssh.program={os.devnull}",
+    f"gpg.ssh.defaultKeyCommand={os.devnull}",
+    f"diff.external={os.devnull}",
+    # transports are off (GIT_ALLOW_PROTOCOL); these would run only through one
+    "protocol.allow=never",
+    f"core.sshCommand={os.devnull}",
+    f"core.askPass={os.devnull}",
+    "credential.helper=",  # an empty value clears the list of helpers
+    f"core.alternateRefsCommand={os.devnull}",
+    # how git prints what is parsed below: a repository's settings must not change the traces
+    "core.quotepath=off",
+    "i18n.logOutputEncoding=UTF-8",
+    "diff.suppressBlankEmpty=false",  # else an empty context line loses its leading space
+    "diff.interHunkContext=0",
+    "diff.indentHeuristic=true",
+    "diff.renameLimit=1000",
+)
 HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -95,8 +134,10 @@ class History:
 
 
 def git(repo: str, *args: str, stdin: bytes | None = None) -> bytes:
+    """Run one git command on `repo` with the fixed environment and configuration above; its output."""
     env = {**GIT_ENV, "PATH": os.environ.get("PATH", os.defpath), "HOME": os.devnull}
-    command = ["git", "-C", repo, "-c", "core.quotepath=off", *args]
+    pinned = [part for setting in SAFE_CONFIG for part in ("-c", setting)]
+    command = ["git", "--no-pager", "-C", repo, *pinned, *args]
     try:
         done = subprocess.run(command, input=stdin, capture_output=True, env=env, check=False)
     except FileNotFoundError:
@@ -135,13 +176,16 @@ def list_commits(repo: str, revisions: str, since: str | None) -> list[str]:
 
 
 def _subject(repo: str, commit: str) -> str:
-    text = git(repo, "log", "-1", "--format=%s", commit).decode("utf-8", "replace").strip()
-    return text[:MAX_SUBJECT_CHARS]
+    # rev-list, the plumbing, not log: log would verify a signed commit's signature where log.showSignature asks
+    shown = git(repo, "rev-list", "--max-count=1", "--format=%s", commit, "--").decode("utf-8", "replace")
+    _, _, text = shown.partition("\n")  # after the "commit <hash>" line
+    return text.strip()[:MAX_SUBJECT_CHARS]
 
 
 def changes(repo: str, commit: str, skipped: Counter[str]) -> list[Change]:
     """The files `commit` modified (against its first parent); new, deleted and non-file entries are counted."""
-    raw = git(repo, "diff-tree", "-r", "-z", "-M", "--root", "--no-commit-id", "--raw", commit).split(b"\0")
+    listing = ("diff-tree", "-r", "-z", "-M", "--root", "--no-commit-id", "--raw", "--no-ext-diff", "--no-textconv")
+    raw = git(repo, *listing, commit).split(b"\0")
     found: list[Change] = []
     subject = _subject(repo, commit)
     i = 0

@@ -13,19 +13,19 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sim.corpus.build import Built
+from sim.corpus.build import Written
 from sim.corpus.git import KINDS, EditParams, History
 from sim.corpus.tokenize import Tokenizer
 
 FILE = "ingest.json"
 
 
-def _stats(traces: list[Built]) -> dict[str, Any]:
-    reply = [len(t.tokens) for t in traces]
+def _stats(traces: list[Written]) -> dict[str, Any]:
+    reply = [t.reply_tokens for t in traces]
     return {
         "traces": len(traces),
         "reply_tokens": sum(reply),
-        "prompt_tokens": sum(len(t.header["prompt_tokens"]) for t in traces),
+        "prompt_tokens": sum(t.prompt_tokens for t in traces),
         "median_reply_tokens": statistics.median(reply) if reply else 0,
         "max_reply_tokens": max(reply, default=0),
     }
@@ -39,17 +39,17 @@ def manifest(
     params: EditParams,
     excludes: list[str],
     tokenizer: Tokenizer,
-    built: list[Built],
+    built: list[Written],
 ) -> dict[str, Any]:
     """The manifest of traces already written under `folder` (each named with the sha256 of its bytes)."""
     entries = []
     for trace in built:
-        header = trace.header
-        entry: dict[str, Any] = {key: header[key] for key in ("commit", "path", "kind", "unit") if key in header}
+        meta = trace.item.meta
+        entry: dict[str, Any] = {key: meta[key] for key in ("commit", "path", "kind", "unit") if key in meta}
         entry.update(
             file=trace.item.file,
-            prompt_tokens=len(header["prompt_tokens"]),
-            reply_tokens=len(trace.tokens),
+            prompt_tokens=trace.prompt_tokens,
+            reply_tokens=trace.reply_tokens,
             sha256=hashlib.sha256((folder / trace.item.file).read_bytes()).hexdigest(),
         )
         entries.append(entry)
@@ -65,7 +65,7 @@ def manifest(
         "skipped": {reason: n for reason, n in sorted(history.skipped.items()) if n},
         "totals": {
             "all": _stats(built),
-            **{kind: _stats([t for t in built if t.header["kind"] == kind]) for kind in KINDS},
+            **{kind: _stats([t for t in built if t.item.meta["kind"] == kind]) for kind in KINDS},
         },
         "traces": entries,
     }
