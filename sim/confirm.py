@@ -12,7 +12,6 @@ estimates the time left.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -78,10 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
-    from sim.core.io import check_out_file, check_out_folder, refuse_inputs_as_outputs, same_file, write_atomic
+    from sim.core.io import check_out_folder, same_file, write_atomic_all
     from sim.engine.costs import load_profile, resolve
     from sim.engine.trace import read_trace
-    from sim.hardware.options import check_trace, require_torch
+    from sim.hardware.options import check_outputs, check_trace, dump_json, require_torch
     from sim.rows.replay import effective_max_tokens
 
     bounded(args.reps, "--reps", 1, MAX_REPS)
@@ -91,9 +90,7 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     out = check_out_folder(args.out, "--out")  # refused before the runs, not after them
     profile_path = resolve(args.profile)
     outputs = [out / "confirm.json", out / "confirm.md"]
-    refuse_inputs_as_outputs(outputs, [*args.traces, profile_path, *args.config, *model_files(args)], "--out")
-    for path in outputs:
-        check_out_file(path, "--out", args.force)
+    check_outputs(outputs, [*args.traces, profile_path, *args.config, *model_files(args)], "--out", args.force)
     for i, path in enumerate(args.traces):
         if any(same_file(path, earlier) for earlier in args.traces[:i]):
             raise UserError(f"{path}: given twice as a trace (each trace is one set of rows)")
@@ -132,8 +129,9 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
         "summary": summary(rows, arms, args.control),
     }
     text = markdown(result)
-    write_atomic(out / "confirm.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(out / "confirm.md", text)
+    # Both or neither: a failed write (a full disk) leaves no confirm.json without its confirm.md, or the reverse.
+    data = dump_json(result, str(out / "confirm.json"), indent=1, sort_keys=True) + "\n"
+    write_atomic_all([(out / "confirm.json", data), (out / "confirm.md", text)])
     print(text)
     return 0
 

@@ -127,7 +127,7 @@ def _contexts(args: argparse.Namespace) -> list[int]:
 
 def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     """Every flag in its range and the output path usable, before torch is imported: (steps, prefill lengths)."""
-    from sim.core.io import check_out_file, refuse_inputs_as_outputs
+    from sim.hardware.options import check_outputs
 
     # Defaults are filled in here, so that a flag --contexts replaces is refused only when the user gave it.
     flags = {"--prompt-tokens": args.prompt_tokens, "--prefill-lengths": args.prefill_lengths}
@@ -160,8 +160,7 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     if not name.strip() or not name.isprintable() or len(name) > 200:
         where = "--name" if args.name is not None else "the profile name from the --out file name (give --name)"
         raise UserError(f"{where} must be a printable profile name of 1..200 characters, got {name[:40]!r}")
-    refuse_inputs_as_outputs([args.out], model_files(args), "--out")
-    check_out_file(args.out, "--out", args.force)
+    check_outputs([args.out], model_files(args), "--out", args.force)
     return (steps[0], steps[1]), lengths
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sim import cli
 from sim.core.errors import PlotError
-from sim.core.io import check_out_folder, refuse_inputs_as_outputs
+from sim.core.io import check_writable_folder, refuse_inputs_as_outputs
 from sim.figures.style import DPI, MAX_DPI, MIN_DPI, file_part
 from sim.rows.rounds import read_rounds
 
@@ -61,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a study folder (studies/NAME) whose one SQLite or journal "
         "file (inside it, or next to it as NAME.db / NAME.journal.log) is the storage",
     )
-    study.add_argument("--study", metavar="NAME", help="study name (default: the storage's only study)")
+    study.add_argument(
+        "--study",
+        metavar="NAME",
+        help="study name (default: the storage's only study, or the study whose held-out folds NAME.fold-K are "
+        "all the others, as sim.tune leaves them)",
+    )
     study.add_argument(
         "--baseline-trial",
         default="0",
@@ -101,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    out = check_out_folder(args.out, "--out")
+    out = check_writable_folder(args.out, "--out")  # read-only, full or a file: refused before any figure is drawn
     notes: list[str] = []
     if args.command == "rounds":
         from sim.figures.replay_figures import FIGURES, group_runs, write_round_figures
@@ -118,18 +123,23 @@ def _plot(args: argparse.Namespace) -> int:
         # Study figures need optuna; imported here so that round figures stay light.
         from sim.figures.study_figures import FIGURES as STUDY_FIGURES
         from sim.figures.study_figures import write_study_figures
-        from sim.tuning.storage import open_study, storage_in
+        from sim.tuning.storage import open_study_and_folds, storage_in
         from sim.tuning.storage_url import storage_file
 
         baseline = _baseline(args.baseline_trial)
         storage = args.storage or storage_in(Path(args.study_dir))
-        study = open_study(storage, args.study)
+        study, folds = open_study_and_folds(storage, args.study)
         held = len(study.get_trials(deepcopy=False))
         if baseline is not None and 0 < held <= baseline:  # a typo would quietly draw the best trial alone
             raise PlotError(f"--baseline-trial {baseline}: study {study.study_name} has trials 0..{held - 1}")
         outputs = [out / f"{file_part(study.study_name)}_{kind}.png" for kind in STUDY_FIGURES]
         refuse_inputs_as_outputs(outputs, [file for file in [storage_file(storage)] if file], "--out")
         written, notes = write_study_figures(study, out, args.dpi, baseline)
+        if folds:  # a study with held-out validation: its folds' studies sit beside it (docs/tuning.md, section 3)
+            notes.append(
+                f"the storage also holds the {len(folds)} held-out fold studies of {study.study_name}: "
+                f"{', '.join(folds)}; draw one with --study NAME"
+            )
     for path in written:
         print(path)
     for note in notes:

@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _record(args: argparse.Namespace, argv: list[str]) -> int:
     from sim.core.io import check_out_folder, refuse_inputs_as_outputs
-    from sim.hardware.options import check_positions, check_prompt, require_torch
+    from sim.hardware.options import check_outputs, check_positions, check_prompt, require_torch
 
     bounded(args.max_tokens, "--max-tokens", 1, MAX_TOKENS)
     bounded(args.top, "--top", 0, MAX_TOP)
@@ -86,6 +86,9 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
     outputs = _outputs(out, [p.name for p in prompts])
     refuse_inputs_as_outputs(outputs, [*args.prompts, *model_files(args)], "--out")
     _refuse_existing(outputs, args.force)
+    # The rest of what could make the writes fail (a folder that takes no new file, a FIFO, a file where a folder
+    # must be) is found now, not after the model has loaded; existing outputs were refused above unless --force.
+    check_outputs(outputs, [], "--out", force=True)
 
     require_torch("python -m sim.record")
     from sim.hardware.model import model_from_args, model_limits, versions

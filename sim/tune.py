@@ -4,8 +4,9 @@ Reads the study spec (sim/tuning/spec.py), checks every input and output before
 writing anything, opens or continues the optuna study in its storage
 (sim/tuning/storage.py), runs trials (sim/tuning/search.py) until this
 invocation has started its --n-trials (or the study holds --max-trials, or
---timeout passes), then writes the report folder, runs/NAME/ by default:
-best.yaml, report.md and plots (sim/tuning/report.py).
+--timeout passes), then writes the report folder, beside the storage by default
+(runs/NAME/ for the default runs/NAME.db): best.yaml, report.md and plots
+(sim/tuning/report.py), with a line on stderr and progress while it does.
 
 Only light modules are imported at the top: optuna and the rest load inside
 the command's body, where Ctrl-C is one line.
@@ -17,6 +18,7 @@ choosing its parameters, so a test can kill a worker while a trial is RUNNING.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -27,13 +29,16 @@ from sim import cli
 
 MAX_TRIALS = 10**9  # as sim.tuning.spec.MAX_TRIALS
 MAX_WORKERS = 256
+MANY_ROWS = 100  # loading a matrix this large takes a second or more: a line on stderr says what is happening
 EXIT_WORKER_DIED = 1
 
 EPILOG = """\
 where things go:
-  The study is kept in the spec's storage (default sqlite:///runs/NAME.db) and the report in --out (default
-  runs/NAME/), both relative to the folder you run in: your runs never touch the committed results in
-  studies/NAME/. Rerunning the same command continues the same study.
+  The study is kept in the spec's storage (default sqlite:///runs/NAME.db) and the report in --out (default: the
+  folder beside the storage file, named as it without its extension: runs/NAME/), both relative to the folder you
+  run in: your runs never touch the committed results in studies/NAME/. Rerunning the same command continues the
+  same study. Another storage gets another report folder (--storage sqlite:///x/y.db: x/y/; a database server:
+  runs/NAME/); a report folder holding the report of another study or storage is refused unless --force.
 
 held-out validation (docs/tuning.md):
   A spec with `validation: {method: leave_one_out | kfold}` runs each invocation's trials in the study NAME
@@ -50,7 +55,12 @@ several invocations at once (on one storage):
 
 --workers N > 1 on a SQLite storage:
   SQLite is not safe for parallel writers, so N workers use the journal file next to it (NAME.journal.log):
-  that is a separate study from the SQLite one (a line on stderr says so); continue it with --workers again.
+  that is a separate study from the SQLite one, with its own report folder (runs/NAME.journal/; a line on stderr
+  says so); continue it with --workers again.
+
+storages:
+  sqlite:///PATH (relative) or sqlite:////ABSOLUTE/PATH, with no query string; a path without a scheme is an
+  optuna journal file, so one named like a SQLite file (PATH.db, .sqlite, .sqlite3) is refused: say sqlite:///PATH.
 
 stopping:
   Ctrl-C or SIGTERM while trials run: running trials are marked failed, every worker is stopped, the report
@@ -62,7 +72,8 @@ stopping:
 
 exit status:
   0 done; 1 a worker died (the error line says what killed it; the report is still written); 2 a usage or input
-  error (one `error:` line, nothing written); 130 interrupted.
+  error (one `error:` line, nothing written: every input, the storage's folder and the report folder are checked
+  before the first trial); 130 interrupted.
 """
 
 
@@ -103,10 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--storage",
         type=cli.nonblank,
-        help="optuna storage, overriding the spec's: sqlite:///FILE, "
-        "postgresql+psycopg2://USER:PASS@HOST/DB (several machines) or FILE.journal.log",
+        help="optuna storage, overriding the spec's: sqlite:///FILE (no query string), "
+        "postgresql+psycopg2://USER:PASS@HOST/DB (several machines) or FILE.journal.log (a path without a scheme "
+        "is a journal; one ending in .db is refused)",
     )
-    parser.add_argument("--out", type=cli.nonblank, help="report folder (default: runs/NAME/ in the current folder)")
+    parser.add_argument(
+        "--out",
+        type=cli.nonblank,
+        help="report folder (default: beside the storage file, named as it without its extension: runs/NAME/ for "
+        "the default sqlite:///runs/NAME.db, runs/NAME.journal/ for runs/NAME.journal.log; runs/NAME/ for a server)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write the report into a folder that holds another study's report (another study name or storage)",
+    )
     parser.add_argument(
         "--heartbeat",
         type=cli.int_in(1, 3600),
@@ -155,29 +177,34 @@ def _tune(args: argparse.Namespace) -> int:
         import optuna
         import sqlalchemy
 
-        from sim.core.io import check_out_folder, refuse_inputs_as_outputs
+        from sim.core.io import check_writable_folder, naming, refuse_inputs_as_outputs
         from sim.engine.costs import resolve
         from sim.figures.study_figures import write_report_figures
         from sim.tuning.evaluation import MatrixEvaluator
-        from sim.tuning.report import FIGURES, write_report
+        from sim.tuning.report import FIGURES, check_report_folder, write_report
         from sim.tuning.search import Limits, prepare, run_workers
         from sim.tuning.spec import check_widths, default_out, load_spec
         from sim.tuning.storage_checks import check_storage
         from sim.tuning.storage_errors import storage_error
-        from sim.tuning.storage_url import parallel_storage, redacted, storage_file
+        from sim.tuning.storage_url import check_form, parallel_storage, redacted, storage_file
         from sim.tuning.validation import studies, training
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # Everything is checked before the first file is written: a refused command leaves no trace.
         spec = load_spec(args.spec)
-        out = check_out_folder(args.out or default_out(spec.name), "--out")
         asked = args.storage or spec.storage
+        check_form(asked)  # before parallel_storage reads it: a storage string means one thing or is refused
         storage_url = parallel_storage(asked) if args.workers > 1 else asked  # SQLite is unsafe for parallel writers
-        check_storage(storage_url, writing=True)
+        check_storage(storage_url, writing=True)  # its folder too: it takes files, so no trial runs for nothing
+        # The report goes beside the storage it reports on (runs/NAME/ for the default one): two storages, two folders.
+        out = check_writable_folder(args.out or default_out(spec.name, storage_url), "--out")
         outputs = [out / "best.yaml", out / "report.md", *(out / f"{kind}.png" for kind in FIGURES)]
         local = storage_file(storage_url)
         inputs = [args.spec, *spec.traces, *(resolve(p) for p in spec.profiles), *([local] if local else [])]
         refuse_inputs_as_outputs(outputs, inputs, "--out")
+        check_report_folder(out, spec.name, storage_url, args.force)  # no other study's report is written over
+        if len(spec.traces) * len(spec.profiles) > MANY_ROWS:
+            print(f"loading {len(spec.traces)} traces x {len(spec.profiles)} profiles ...", file=sys.stderr)
         matrix = MatrixEvaluator.for_spec(spec)
         check_widths(spec, matrix.widest())
 
@@ -189,38 +216,41 @@ def _tune(args: argparse.Namespace) -> int:
         limits = Limits(own=own, cap=args.max_trials, deadline=time.time() + timeout if timeout else None)
         run = {"n_trials": own, "max_trials": args.max_trials, "workers": args.workers} if own != 0 else None
         interrupted, problems = False, []
+        # An OSError of the study's own writes that names no file (a journal's append on a full disk) names it.
+        storage_writes = naming(local) if local else contextlib.nullcontext()
         try:
-            # The spec's own study, then one per fold when validation nests (docs/tuning.md), each in turn.
-            opened = [(s, fold, *prepare(s, storage_url, args.heartbeat, run)) for s, fold in studies(spec)]
-            if storage_url != asked:
-                print(
-                    f"note: --workers {args.workers} on SQLite: using the journal file {storage_url}, a separate "
-                    f"study from {redacted(asked)}; continue it with --workers again",
-                    file=sys.stderr,
-                )
-            for each, fold, study, _held, invocation in opened if own != 0 else []:
-                try:
-                    problems += run_workers(
-                        each,
-                        storage_url,
-                        limits,
-                        invocation,
-                        args.workers,
-                        args.heartbeat,
-                        args.sleep_per_trial,
-                        study,
-                        training(spec, matrix, fold),
-                        fold.number if fold is not None else None,
-                    )
-                except KeyboardInterrupt:
-                    interrupted = True
+            with storage_writes:
+                # The spec's own study, then one per fold when validation nests (docs/tuning.md), each in turn.
+                opened = [(s, fold, *prepare(s, storage_url, args.heartbeat, run)) for s, fold in studies(spec)]
+                if storage_url != asked:
                     print(
-                        "interrupted: reporting the trials stored so far; rerun the same command to continue",
+                        f"note: --workers {args.workers} on SQLite: using the journal file {storage_url}, a separate "
+                        f"study from {redacted(asked)}, and the report folder {out}; continue it with --workers again",
                         file=sys.stderr,
                     )
-                    break
-                if problems:
-                    break
+                for each, fold, study, _held, invocation in opened if own != 0 else []:
+                    try:
+                        problems += run_workers(
+                            each,
+                            storage_url,
+                            limits,
+                            invocation,
+                            args.workers,
+                            args.heartbeat,
+                            args.sleep_per_trial,
+                            study,
+                            training(spec, matrix, fold),
+                            fold.number if fold is not None else None,
+                        )
+                    except KeyboardInterrupt:
+                        interrupted = True
+                        print(
+                            "interrupted: reporting the trials stored so far; rerun the same command to continue",
+                            file=sys.stderr,
+                        )
+                        break
+                    if problems:
+                        break
             folds = [(fold, study) for _, fold, study, _, _ in opened if fold is not None]
             # The figures layer sits above tuning: the report is handed what draws its PNGs.
             draw = None if args.no_plots else write_report_figures

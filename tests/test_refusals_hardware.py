@@ -73,18 +73,27 @@ def checkpoint(folder: Path, config: str | None = "{}") -> str:
 Built = tuple[Callable[[list[str]], int], list[str], list[str]]  # (main, argv, fragments of the error line)
 
 
+def _unless_given(model: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The model options less those a case gives itself (a flag given twice is refused before anything else)."""
+    kept: list[str] = []
+    for option, value in zip(model[::2], model[1::2], strict=True):
+        if option not in flags:
+            kept += [option, value]
+    return kept
+
+
 def _record(t: Path, prompts: list[str], *flags: str, model=MODEL) -> list[str]:
-    return [*prompts, "--out", str(t / "out"), *model, *flags]
+    return [*prompts, "--out", str(t / "out"), *_unless_given(model, flags), *flags]
 
 
 def _measure(t: Path, *flags: str, out: str | None = None, model=MODEL) -> list[str]:
-    return ["--out", out or str(t / "p.yaml"), *model, *flags]
+    return ["--out", out or str(t / "p.yaml"), *_unless_given(model, flags), *flags]
 
 
 def _confirm(t: Path, traces: list[str], *flags: str, profile: str | None = None, out: str | None = None) -> list[str]:
     if profile is None:
         profile = profile8(t)
-    return [*traces, "--profile", profile, "--out", out or str(t / "out"), *MODEL, *flags]
+    return [*traces, "--profile", profile, "--out", out or str(t / "out"), *_unless_given(MODEL, flags), *flags]
 
 
 # ---------------------------------------------------------------- sim.record
@@ -264,7 +273,33 @@ def r_checkpoint_without_config(t: Path) -> Built:
 def r_checkpoint_bad_config(t: Path) -> Built:
     folder = checkpoint(t, config='{"model_type": "no-such-model"}')
     argv = _record(t, [trace(t)], model=["--model", folder, "--device", "cpu"])
-    return record.main, argv, [f"--model {folder}: cannot load"]
+    return record.main, argv, [f"{folder}/config.json: model_type 'no-such-model' is not an architecture"]
+
+
+def r_out_cannot_be_written(t: Path) -> Built:
+    # /proc takes no new folder or file, even from root: found before the model loads, not when the trace is written
+    argv = _record(t, [trace(t)])
+    argv[argv.index("--out") + 1] = "/proc/draftlab-out"
+    return record.main, argv, ["--out /proc/draftlab-out/t.jsonl: no file can be written in /proc"]
+
+
+def r_out_under_a_file(t: Path) -> Built:
+    parent = text(t, "notadir", "x\n")
+    argv = _record(t, [trace(t)])
+    argv[argv.index("--out") + 1] = f"{parent}/sub"
+    return record.main, argv, [f"--out {parent}/sub/t.jsonl: {parent} is a file, not a folder"]
+
+
+def r_trace_is_fifo(t: Path) -> Built:
+    (t / "out").mkdir()
+    path = fifo(t / "out", "t.jsonl")
+    return record.main, _record(t, [trace(t)], "--force"), [f"--out {path} is not a regular file"]
+
+
+def r_partial_is_fifo(t: Path) -> Built:
+    (t / "out").mkdir()
+    path = fifo(t / "out", "t.jsonl.partial")
+    return record.main, _record(t, [trace(t)], "--force"), [f"--out {path} is not a regular file"]
 
 
 # ---------------------------------------------------------------- sim.measure
@@ -423,6 +458,17 @@ def c_out_is_file(t: Path) -> Built:
     return confirm.main, _confirm(t, [trace(t)], "--policies", "gated", out=out), [f"--out {out} is a file"]
 
 
+def c_out_cannot_be_written(t: Path) -> Built:
+    argv = _confirm(t, [trace(t)], "--policies", "gated", out="/proc/draftlab-confirm")
+    return confirm.main, argv, ["--out /proc/draftlab-confirm/confirm.json: no file can be written in /proc"]
+
+
+def c_out_under_a_file(t: Path) -> Built:
+    parent = text(t, "notadir", "x\n")
+    argv = _confirm(t, [trace(t)], "--policies", "gated", out=f"{parent}/sub")
+    return confirm.main, argv, [f"{parent} is a file, not a folder"]
+
+
 def c_max_tokens_longer(t: Path) -> Built:
     path = trace(t)
     argv = _confirm(t, [path], "--policies", "gated", "--max-tokens", "9999")
@@ -431,7 +477,8 @@ def c_max_tokens_longer(t: Path) -> Built:
 
 def _confirm_flag(*flags: str, fragment: str) -> Callable[[Path], Built]:
     def build(t: Path) -> Built:
-        return confirm.main, _confirm(t, [trace(t)], "--policies", "gated", *flags), [fragment]
+        arms = [] if "--policies" in flags else ["--policies", "gated"]
+        return confirm.main, _confirm(t, [trace(t)], *arms, *flags), [fragment]
 
     return build
 
@@ -518,6 +565,12 @@ CASES: list = [
     pytest.param(r_too_long_for_positions, marks=TORCH),
     pytest.param(r_checkpoint_without_config, marks=TORCH),
     pytest.param(r_checkpoint_bad_config, marks=TORCH),
+    # record: outputs that could not be written, found before the model loads (marked torch: without the check they
+    # would be found only after it)
+    pytest.param(r_out_cannot_be_written, marks=TORCH),
+    pytest.param(r_out_under_a_file, marks=TORCH),
+    pytest.param(r_trace_is_fifo, marks=TORCH),
+    pytest.param(r_partial_is_fifo, marks=TORCH),
     # measure
     pytest.param(_measure_flag("--prompt-tokens", "1e8", "argument --prompt-tokens: invalid int"), id="m_pt_float"),
     pytest.param(_measure_flag("--prompt-tokens", "100000000", "--prompt-tokens must be <= 1048576"), id="m_pt_huge"),
@@ -581,6 +634,8 @@ CASES: list = [
     c_out_onto_profile,
     c_out_onto_config,
     c_out_is_file,
+    c_out_cannot_be_written,
+    c_out_under_a_file,
     c_max_tokens_longer,
     pytest.param(_confirm_flag("--reps", "0", fragment="--reps must be >= 1"), id="c_reps_0"),
     pytest.param(_confirm_flag("--reps", "1000000", fragment="--reps must be <= 1000"), id="c_reps_huge"),
@@ -603,12 +658,18 @@ def _case_id(case) -> str:
     return case.__name__
 
 
+def _never_load(*args, **kwargs):
+    raise AssertionError("the model was loaded before the input was refused")
+
+
 @pytest.mark.parametrize("build", CASES, ids=_case_id)
-def test_bad_input_is_refused_before_any_work(build, tmp_path, capsys, request):
-    """Exit 2, one `error:` line naming the file (and line) or the flag, no traceback, nothing written."""
+def test_bad_input_is_refused_before_any_work(build, tmp_path, capsys, request, monkeypatch):
+    """Exit 2, one `error:` line naming the file (and line) or the flag, no traceback, nothing written, and (where
+    torch is there to load one) no model loaded."""
     if request.node.get_closest_marker("torch"):
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
+        monkeypatch.setattr("sim.hardware.model.model_from_args", _never_load)
     main, argv, fragments = build(tmp_path)
     before = snapshot(tmp_path)
     outcome = run_main(main, argv, capsys)
@@ -708,3 +769,39 @@ def test_ctrl_c_while_torch_is_imported_is_one_line(command, tmp_path):
     )
     assert done.returncode == 128 + signal.SIGINT, done.stderr
     assert done.stderr == "interrupted\n"
+
+
+# ---------------------------------------------------------------- an --out that takes no file, found before loading
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_read_only_out_is_refused_before_the_model_loads(command, tmp_path, capsys, monkeypatch):
+    """--out in (or as) a folder without write permission: one line naming the output and the folder, exit 2, and
+    no model loaded first, for each of the three commands."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    monkeypatch.setattr("sim.hardware.model.model_from_args", _never_load)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        try:
+            (locked / "probe").touch()
+        except PermissionError:
+            pass
+        else:  # root (with CAP_DAC_OVERRIDE) writes anyway; the /proc cases of the table cover it
+            (locked / "probe").unlink()
+            pytest.skip("this user writes into a read-only folder")
+        main = {"sim.record": record.main, "sim.measure": measure.main, "sim.confirm": confirm.main}[command]
+        argv = {
+            "sim.record": _record(tmp_path, [trace(tmp_path / "in")]),
+            "sim.measure": _measure(tmp_path, out=str(locked / "p.yaml")),
+            "sim.confirm": _confirm(tmp_path, [trace(tmp_path / "in")], "--policies", "gated", out=str(locked)),
+        }[command]
+        if command == "sim.record":
+            argv[argv.index("--out") + 1] = str(locked)
+        assert_refused(run_main(main, argv, capsys), "--out", f"no file can be written in {locked}")
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o755)

@@ -23,6 +23,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from sim import plot, tune
+from sim.tuning.storage_url import redacted
 
 EMAIL = ROOT / "traces" / "email.jsonl"
 EDIT = ROOT / "traces" / "edit_json.jsonl"
@@ -49,6 +50,9 @@ def write_spec(folder: Path, lines: list[str] = SPEC_LINES, name: str = "spec.ya
 def replaced(line: int, text: str) -> list[str]:
     """The good spec with its 1-based `line` replaced."""
     return [text if i == line else old for i, old in enumerate(SPEC_LINES, start=1)]
+
+
+Build = Callable[[Path], tuple[Callable[[list[str]], int], list[str], list[str]]]
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,13 @@ SPEC_VALUES = [
     ("duplicate-key", SPEC_LINES + ["name: other"], 9, "duplicate key 'name'"),
     ("storage-number", SPEC_LINES + ["storage: 5"], 9, "storage must be a URL or a journal file path"),
     ("name-path", replaced(1, "name: ../escape"), 1, "name must be a word"),
+    # a name becomes file names (runs/NAME.journal.log.writer.flock): refused at its line, counted in bytes
+    ("name-300-chars", replaced(1, "name: " + "n" * 300), 1, "name is 300 bytes"),
+    ("name-230-bytes", replaced(1, "name: " + "n" * 230), 1, "at most 229 bytes here"),
+    ("name-230-utf8-bytes", replaced(1, "name: " + "\u00e9" * 115), 1, "name is 230 bytes"),
+    # a storage that could mean two things, refused at the spec's line
+    ("storage-bare-db", SPEC_LINES + ["storage: runs/x.db"], 9, "give sqlite:///runs/x.db for SQLite"),
+    ("storage-sqlite-query", SPEC_LINES + ["storage: 'sqlite:///runs/x.db?mode=ro'"], 9, "a query string (?mode=ro)"),
     ("trace-glob-empty", replaced(6, "traces: [nothing-here-*.jsonl]"), 6, "matches no file"),
     ("max-draft-beyond-profile", replaced(5, "  max_draft: {low: 2, high: 12}"), 5, "set high <= 9"),
     # held-out validation, robust objectives, intervals and the confirmation plan (docs/tuning.md)
@@ -546,6 +557,108 @@ def plot_cases() -> list[Case]:
     ]
 
 
+# ---------------------------------------------------------------- storage strings that could mean two things
+
+AMBIGUOUS_STORAGES = [
+    ("bare-db", "runs/x.db", "give sqlite:///runs/x.db for SQLite, or name the journal FILE.journal.log"),
+    ("bare-sqlite", "runs/x.sqlite", "named like a SQLite database"),
+    ("bare-sqlite3", "runs/x.SQLITE3", "named like a SQLite database"),
+    ("sqlite-query", "sqlite:///runs/x.db?timeout=5", "a query string (?timeout=5) in a SQLite URL"),
+    ("sqlite-empty-query", "sqlite:///runs/x.db?", "a query string (?) in a SQLite URL"),
+    ("sqlite-uri-mode", "sqlite:///file:runs/x.db?mode=ro&uri=true", "a query string (?mode=ro&uri=true)"),
+    ("sqlite-fragment", "sqlite:///runs/x.db#old", "a fragment (#old) in a SQLite URL"),
+    ("sqlite-host", "sqlite://host/runs/x.db", "names a file, not a host, user or port"),
+    ("sqlite-user", "sqlite://me:pw@/runs/x.db", "names a file, not a host, user or port"),
+    ("sqlite-percent", "sqlite:///runs/a%20b.db", "a percent escape in a SQLite URL"),
+    ("sqlite-tilde", "sqlite:///~/x.db", "'~' is not expanded"),
+    ("journal-tilde", "~/x.journal.log", "'~' is not expanded"),
+    ("journal-trailing-slash", "runs/", "a folder; a journal storage is a file"),
+    ("sqlite-trailing-slash", "sqlite:///runs/", "a folder; a SQLite storage is a file"),
+    ("scheme-without-slashes", "sqlite:runs/x.db", "a sqlite URL needs '//' after the scheme"),
+    ("postgres-without-slashes", "postgresql:host/db", "a postgresql URL needs '//' after the scheme"),
+]
+
+
+def ambiguous_storage_cases() -> list[Case]:
+    """Each form refused by sim.tune --storage and by sim.plot study --storage, nothing created (no journal named
+    x.db, no folder runs/)."""
+
+    def tune_on(storage: str, fragment: str) -> Build:
+        return lambda tmp: (tune.main, [str(write_spec(tmp)), "--storage", storage], [redacted(storage), fragment])
+
+    def plot_on(storage: str, fragment: str) -> Build:
+        return lambda tmp: (plot.main, ["study", "--storage", storage, "--out", str(tmp / "figs")], [fragment])
+
+    return [
+        *(Case(f"storage-{name}", tune_on(storage, fragment)) for name, storage, fragment in AMBIGUOUS_STORAGES),
+        *(Case(f"plot-storage-{name}", plot_on(storage, fragment)) for name, storage, fragment in AMBIGUOUS_STORAGES),
+    ]
+
+
+def output_place_cases() -> list[Case]:
+    """Output names the file system cannot hold, and a report folder of another study, refused before any trial."""
+
+    def out_name_too_long(tmp: Path):
+        out = tmp / "reports" / ("r" * 300)
+        return tune.main, [str(write_spec(tmp)), "--out", str(out)], ["--out", "is 300 bytes, more than the 255"]
+
+    def storage_name_too_long(tmp: Path):
+        db = tmp / "runs" / ("s" * 245 + ".db")  # 248 bytes; its lock file .gate.flock would be 259
+        return (
+            tune.main,
+            [str(write_spec(tmp)), "--storage", f"sqlite:///{db}"],
+            ["storage", ".writer.flock is made from it", "more than the 255"],
+        )
+
+    def another_studys_report(tmp: Path):
+        out = tmp / "shared"
+        out.mkdir()
+        (out / "report.md").write_text(
+            "# Study `other`: gated over 1 traces x 1 profiles\n\nThe storage (sqlite:///runs/other.db) is not "
+            "committed. Where it does not exist yet\n",
+            encoding="utf-8",
+        )
+        (out / "best.yaml").write_text("policy: gated\nparams: {}\nnotes: study other, trial 3: x\n", encoding="utf-8")
+        return (
+            tune.main,
+            [str(write_spec(tmp)), "--out", str(out)],
+            [f"--out {out} holds the report of study other in sqlite:///runs/other.db, not of tiny in", "--force"],
+        )
+
+    def same_study_other_storage(tmp: Path):
+        out = tmp / "shared"
+        out.mkdir()
+        (out / "report.md").write_text(
+            "# Study `tiny`: gated\n\nThe storage (runs/tiny.journal.log) is not committed.\n", encoding="utf-8"
+        )
+        return (
+            tune.main,
+            [str(write_spec(tmp)), "--out", str(out)],
+            ["holds the report of study tiny in runs/tiny.journal.log, not of tiny in sqlite:///runs/tiny.db"],
+        )
+
+    def best_yaml_of_another_study(tmp: Path):
+        out = tmp / "runs" / "tiny"
+        out.mkdir(parents=True)
+        (out / "best.yaml").write_text("notes: 'study other, trial 3: x'\npolicy: gated\n", encoding="utf-8")
+        return tune.main, [str(write_spec(tmp))], ["--out runs/tiny holds the report of study other, not of tiny"]
+
+    def unsigned_report(tmp: Path):
+        out = tmp / "shared"
+        out.mkdir()
+        (out / "report.md").write_text("# my notes\n", encoding="utf-8")
+        return tune.main, [str(write_spec(tmp)), "--out", str(out)], ["does not say which study made it", "--force"]
+
+    return [
+        Case("out-name-too-long", out_name_too_long),
+        Case("storage-name-too-long", storage_name_too_long),
+        Case("out-holds-another-studys-report", another_studys_report),
+        Case("out-holds-this-study-of-another-storage", same_study_other_storage),
+        Case("out-holds-another-studys-best-yaml", best_yaml_of_another_study),
+        Case("out-holds-an-unsigned-report", unsigned_report),
+    ]
+
+
 CASES = [
     *(spec_value_case(*case) for case in SPEC_VALUES),
     *spec_file_cases(),
@@ -554,6 +667,8 @@ CASES = [
     *lock_cases(),
     *output_cases(),
     *plot_cases(),
+    *ambiguous_storage_cases(),
+    *output_place_cases(),
 ]
 
 
@@ -563,15 +678,20 @@ def test_the_table_is_large_enough():
     assert len({case.id for case in CASES}) == len(CASES)
 
 
+def folders(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_dir())
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_refused_before_anything_is_written(case, tmp_path, monkeypatch, capsys):
     """Exit 2, one `error:` line naming the file (and line), no traceback, and tmp_path exactly as it was: no
     storage, lock file, runs/ or report folder, nothing created through a planted link."""
     monkeypatch.chdir(tmp_path)
     main, argv, fragments = case.build(tmp_path)
-    before = snapshot(tmp_path)
+    before, folders_before = snapshot(tmp_path), folders(tmp_path)
     assert_refused(run_main(main, argv, capsys), *fragments)
     assert snapshot(tmp_path) == before
+    assert folders(tmp_path) == folders_before  # no folder made either (runs/, a storage's or a report's folder)
     assert not (tmp_path / "runs" / "tiny" / "report.md").exists() and not (tmp_path / "figs").exists()
     assert not (tmp_path / "elsewhere" / "created-through-the-link").exists()
 

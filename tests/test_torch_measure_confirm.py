@@ -1,15 +1,24 @@
 """`python -m sim.measure` and `python -m sim.confirm` on a tiny random-weight model: the profile written is one that
 `sim.replay --profile PATH` accepts (docs/profiles.md), with provenance and a prefill cost; confirm writes its JSON and
 markdown table with measured and predicted speedups, counters equal to replay's and parity, for scripted and for
-model tokens; bad input is one `error:` line with exit code 2."""
+model tokens; bad input is one `error:` line with exit code 2.
+
+No test here depends on the wall clock being quiet: the real model runs every forward, but where a test measures,
+the clock sim.measure and sim.confirm read is `scripted_clock`, which advances by fixed costs per forward (a
+pipelined step, a verify of width w, a prefill of n tokens). What is asserted is then what the code makes of those
+times, exactly, whatever else the machine is doing."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-import subprocess
+import runpy
 import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import yaml
@@ -43,11 +52,71 @@ QUICK = [
 ]
 
 
+# The scripted clock's costs (ms): a pipelined step, a synchronous verify of width w, a prefill of n tokens.
+STEP_MS = 1.0
+PREFILL_FIXED_MS, PREFILL_PER_TOKEN_MS = 5.0, 0.02
+STALL_MS = 30.0
+
+
+def sync_ms(width: int) -> float:
+    return 2.0 + 0.25 * (width - 1)
+
+
+@contextmanager
+def scripted_clock(stalled_width_1: int = 0) -> Iterator[None]:
+    """The clock of sim.measure and sim.confirm, advanced by the fixed costs above as each real forward is read
+    (the first `stalled_width_1` width-1 verifies also stall STALL_MS, as when another process takes the core)."""
+    from sim.hardware import confirm as confirm_lib
+    from sim.hardware import measure as measure_lib
+    from sim.hardware.target import TorchTarget
+
+    now = [0.0]
+    stalls = [stalled_width_1]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0])
+    real_prefill, real_read, real_verify = TorchTarget.prefill, TorchTarget.read, TorchTarget.verify
+
+    def advance(ms: float) -> None:
+        now[0] += ms / 1000.0
+
+    def prefill(self):
+        token = real_prefill(self)
+        advance(PREFILL_FIXED_MS + PREFILL_PER_TOKEN_MS * len(self.prompt))
+        return token
+
+    def read(self):
+        token = real_read(self)
+        advance(STEP_MS)
+        return token
+
+    def verify(self, proposal):
+        outputs = real_verify(self, proposal)
+        advance(sync_ms(len(proposal) + 1))
+        if not proposal and stalls[0] > 0:
+            stalls[0] -= 1
+            advance(STALL_MS)
+        return outputs
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (measure_lib, confirm_lib):
+            patch.setattr(module, "time", clock)
+        patch.setattr(TorchTarget, "prefill", prefill)
+        patch.setattr(TorchTarget, "read", read)
+        patch.setattr(TorchTarget, "verify", verify)
+        yield
+
+
+@pytest.fixture
+def clock():
+    with scripted_clock():
+        yield
+
+
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory):
-    """A quick tiny-model profile, measured once for this file."""
+    """A quick tiny-model profile, measured once for this file on the scripted clock."""
     path = tmp_path_factory.mktemp("profile") / "tiny-cpu.yaml"
-    assert measure_cli.main(["--out", str(path), *QUICK, *MODEL]) == 0
+    with scripted_clock():
+        assert measure_cli.main(["--out", str(path), *QUICK, *MODEL]) == 0
     return path
 
 
@@ -56,8 +125,11 @@ def test_measure_writes_a_profile_replay_accepts(profile, capsys):
     names model, machine, versions, date and command, loads as a cost profile, and `sim.replay --profile PATH` runs on
     it."""
     raw = yaml.safe_load(profile.read_text())
-    assert len(raw["sync_ms"]) == 16 and raw["pipelined_ms"] > 0
-    assert raw["pipelined_ms"] <= raw["sync_ms"][0]  # host gap >= 0
+    # exactly the scripted costs: P from the difference of two step runs, S(w) per width, the prefill line's fit
+    assert raw["pipelined_ms"] == pytest.approx(STEP_MS)
+    assert raw["sync_ms"] == pytest.approx([sync_ms(w) for w in range(1, 17)])
+    assert raw["prefill"]["fixed_ms"] == pytest.approx(PREFILL_FIXED_MS)
+    assert raw["prefill"]["per_prompt_token_ms"] == pytest.approx(PREFILL_PER_TOKEN_MS)
     assert set(raw["prefill"]) == {"fixed_ms", "per_prompt_token_ms", "source"}
     assert "tiny" in raw["model"] and "float32" in raw["model"]
     assert "torch" in raw["machine"] and "transformers" in raw["machine"] and raw["date"]
@@ -69,7 +141,7 @@ def test_measure_writes_a_profile_replay_accepts(profile, capsys):
     assert "tiny-cpu" in capsys.readouterr().out
 
 
-def test_measurements_taken_at_different_moments_pool_into_one(capsys):
+def test_measurements_taken_at_different_moments_pool_into_one(clock, capsys):
     """Two quick measurements pool into one whose medians are over all their samples and which makes a valid
     profile (the CPU benchmark spreads its profile's rounds over the confirm runs this way)."""
     import statistics
@@ -103,53 +175,38 @@ def test_measurements_taken_at_different_moments_pool_into_one(capsys):
         pool([parts[0], {**parts[1], "prompt_tokens": 64}])
 
 
-def stalled_width_1(monkeypatch, calls: int, stall_s: float = 0.03) -> None:
-    """The first `calls` width-1 verifies each stall `stall_s`, as when another process takes the core."""
-    import time
-
-    from sim.hardware.target import TorchTarget
-
-    real_verify = TorchTarget.verify
-    left = [calls]
-
-    def verify(self, proposal):
-        if not proposal and left[0] > 0:
-            left[0] -= 1
-            time.sleep(stall_s)
-        return real_verify(self, proposal)
-
-    monkeypatch.setattr(TorchTarget, "verify", verify)
-
-
 QUICK_MEASURE = dict(prompt_tokens=32, max_width=4, rounds=3, warmup=0, steps=(2, 4), prefill_lengths=(8, 16))
 
 
-def test_medians_that_give_a_width_no_device_time_are_measured_again(monkeypatch):
+def test_medians_that_give_a_width_no_device_time_are_measured_again():
     """S(1) stalled in the first 3 rounds puts the host gap S(1) - P above every S(w): 3 more rounds leave the
     median stalled (6 samples, 3 stalled), 3 more settle it; the profile is valid and its notes say why."""
     from sim.hardware.measure import device_times_positive, measure, profile_data
     from sim.hardware.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
-    stalled_width_1(monkeypatch, calls=3)
-    m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+    with scripted_clock(stalled_width_1=3):
+        m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
     assert m["rounds"] == 9 and m["added_rounds"] == 6
-    assert sorted(m["sync_samples_ms"]["1"])[-3] > 30 > sorted(m["sync_samples_ms"]["1"])[-4]
+    assert sorted(m["sync_samples_ms"]["1"]) == pytest.approx([sync_ms(1)] * 6 + [sync_ms(1) + STALL_MS] * 3)
     assert device_times_positive(m["pipelined_samples_ms"], {int(w): v for w, v in m["sync_samples_ms"].items()})
     data = profile_data(m, lm, "settled", "test")
     assert "6 of those rounds added" in data["notes"] and "median of 9 rounds" in data["notes"]
+    assert data["sync_ms"] == pytest.approx([sync_ms(w) for w in range(1, 5)])
     assert profile_from_dict(data, "settled").max_width == 4
 
 
-def test_medians_that_never_settle_are_one_error_line(monkeypatch):
+def test_medians_that_never_settle_are_one_error_line():
     """A stall on every width-1 verify: 3 batches of rounds more, then a UserError that says what to do."""
     from sim.core.errors import UserError
     from sim.hardware.measure import measure
     from sim.hardware.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
-    stalled_width_1(monkeypatch, calls=10**6)
-    with pytest.raises(UserError, match=r"timings too noisy after 12 rounds: .* measure again on an idle machine"):
+    with (
+        scripted_clock(stalled_width_1=10**6),
+        pytest.raises(UserError, match=r"timings too noisy after 12 rounds: .* measure again on an idle machine"),
+    ):
         measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
 
 
@@ -190,7 +247,8 @@ def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
     assert [r["arm"] for r in result["rows"]] == ["plain", "graded", "gated"]
     assert result["traces"][0]["sha256"] == read_trace(trace).sha256
     assert result["profile"]["sha256"] == load_profile(str(profile)).sha256
-    assert result["arms"][2] == {"label": "gated", "policy": "gated", "params": result["arms"][2]["params"]}
+    params = result["arms"][2]["params"]
+    assert result["arms"][2] == {"label": "gated", "policy": "gated", "params": params, "parameters": "gated"}
     for row in result["rows"]:
         assert row["parity"] and row["generated_tokens"] == 60 and row["speedup"] > 0 and row["predicted_speedup"] > 0
         assert row["error_points"] == pytest.approx(100 * (row["speedup"] - row["predicted_speedup"]))
@@ -209,7 +267,7 @@ def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
     assert [r["arm"] for r in json.loads((out / "confirm.json").read_text())["rows"]] == ["plain", "gated"]
 
 
-def test_measure_replaces_a_profile_only_with_force(profile, tmp_path, capsys):
+def test_measure_replaces_a_profile_only_with_force(profile, clock, tmp_path, capsys):
     """An existing profile is never measured over by mistake: exit 2 and the file as it was; --force replaces it."""
     path = tmp_path / "again.yaml"
     path.write_bytes(profile.read_bytes())
@@ -306,16 +364,15 @@ def test_record_measure_confirm_with_the_committed_best_configuration(profile, t
     rows = json.loads((out / "confirm.json").read_text())["rows"]
     labels = {r["arm"] for r in rows}
     assert len(rows) == 8 and {"plain", "graded", "gated"} < labels
-    best_rows = [r for r in rows if r["arm"].startswith("best.yaml:")]
+    best_rows = [r for r in rows if r["arm"] == "gated_gb10 trial 29"]  # the study and trial its notes name
     assert len(best_rows) == 2 and all(r["counters_match"] and r["parity"] for r in best_rows)
 
 
 def test_confirm_names_the_missing_width_and_the_measure_flag(tmp_path, capsys):
     """A profile measured with --max-width 8 cannot price a configuration with max_draft 9: one line naming the
     profile, the width 10 it lacks and `sim.measure --max-width 10`, before any model is loaded."""
-    narrow = tmp_path / "narrow.yaml"
-    assert measure_cli.main(["--out", str(narrow), *QUICK, "--max-width", "8", *MODEL]) == 0
-    capsys.readouterr()
+    narrow = tmp_path / "narrow.yaml"  # as sim.measure --max-width 8 writes it (what it measures is not the point)
+    narrow.write_text(yaml.safe_dump({"name": "narrow", "pipelined_ms": 10.0, "sync_ms": [11.0 + w for w in range(8)]}))
     wide = tmp_path / "wide.yaml"
     wide.write_text("policy: gated\nparams: {max_draft: 9}\n")
     argv = [
@@ -349,38 +406,28 @@ def test_measure_refuses_a_context_past_the_model_positions(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_closed_loop_benchmark_shows_progress(tmp_path):
-    """benchmarks/closed_loop_cpu.py (as a smoke run on the tiny model) reports each measurement and the confirm runs
-    as progress bars with a rate and an estimate on stderr, and writes its results where --out says."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "closed_loop_cpu.py"),
-            "--arch",
-            "tiny",
-            "--reps",
-            "1",
-            "--rounds",
-            "3",
-            "--max-tokens",
-            "12",
-            "--out",
-            str(tmp_path / "clc"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
+def test_closed_loop_benchmark_shows_progress(clock, tmp_path, monkeypatch, capsys):
+    """benchmarks/closed_loop_cpu.py (as a smoke run on the tiny model, on the scripted clock) reports each
+    measurement and the confirm runs as progress bars with a rate and an estimate on stderr, and writes its results
+    where --out says, as strict JSON."""
+    from sim.core.errors import UserError
+    from sim.core.io import load_json
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # what running the script puts first on sys.path
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "closed_loop_cpu.py"), run_name="closed_loop_cpu")
+    argv = ["--arch", "tiny", "--reps", "1", "--rounds", "3", "--max-tokens", "12", "--out", str(tmp_path / "clc")]
+    monkeypatch.setattr(sys, "argv", ["closed_loop_cpu.py", *argv])
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    assert bench["main"]() == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
     for phase in ("measure at 100", "measure at 400", "measure at 800", "confirm"):
-        assert re.search(rf"{phase}: 100%.*\[\d\d:\d\d<\d\d:\d\d, ", done.stderr), (phase, done.stderr)
-    result = json.loads((tmp_path / "clc.json").read_text())
+        assert re.search(rf"{phase}: 100%.*\[\d\d:\d\d<\d\d:\d\d, ", err), (phase, err)
+    result = load_json((tmp_path / "clc.json").read_text(), "clc.json", UserError)
     assert result["max_tokens"] == 12 and all(r["generated_tokens"] == 12 for r in result["rows"])
     assert (tmp_path / "clc.md").exists() and (tmp_path / "clc-profile.yaml").exists()
 
 
-def test_measure_with_contexts_writes_a_v2_profile_replay_accepts(tmp_path, capsys):
+def test_measure_with_contexts_writes_a_v2_profile_replay_accepts(clock, tmp_path, capsys):
     """`sim.measure --contexts 64,256` measures P and S(1..W) after a prefill of each length: a v2 profile with one
     row per context, per-context medians and spreads in `measurements`, a prefill fitted at those lengths; replay
     takes it and charges each forward at its own context."""
@@ -418,3 +465,175 @@ def test_confirm_runs_governors_that_read_the_profile_on_a_real_model(tmp_path, 
     for arm in ("goodput", "hedge"):
         assert rows[arm]["counters_match"] and rows[arm]["parity"], rows[arm]
         assert rows[arm]["counters"]["drafted_rounds"] > 0
+
+
+# ---------------------------------------------------------------- result files: strict JSON, short labels, whole
+
+
+def _strict(path):
+    """A result file read back by the project's own strict reader (no NaN, no Infinity, no duplicate keys)."""
+    from sim.core.errors import UserError
+    from sim.core.io import load_json
+
+    return load_json(path.read_bytes(), str(path), UserError)
+
+
+def _paired_entries(result):
+    return [r["paired"] for r in result["rows"] if "paired" in r] + list(result["summary"]["paired"]["arms"].values())
+
+
+def test_one_repetition_writes_null_intervals_that_the_strict_reader_accepts(profile, tmp_path, capsys):
+    """With --reps 1 no interval can be computed: confirm.json holds `"low": null, "high": null` and a `why` for
+    each paired ratio (never Infinity, which load_json refuses), the verdict is unresolved, and confirm.md says
+    why there is no interval."""
+    out = tmp_path / "confirm"
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--policies", "gated"]
+    assert confirm.main([*argv, "--reps", "1", "--max-tokens", "20", "--out", str(out), *MODEL]) == 0
+    result = _strict(out / "confirm.json")
+    entries = _paired_entries(result)
+    assert len(entries) == 2
+    for entry in entries:
+        assert entry["low"] is None and entry["high"] is None and entry["verdict"] == "unresolved"
+        assert entry["why"] == "one repetition: no spread to estimate"
+        assert entry["ratio"] > 0 and len(entry["ratio_reps"]) == 1
+    report = (out / "confirm.md").read_text()
+    assert "No interval (one repetition: no spread to estimate)" in report and "run --reps 2 or more" in report
+    assert "Infinity" not in (out / "confirm.json").read_text()
+
+
+def test_two_repetitions_write_finite_intervals(profile, clock, tmp_path):
+    """With --reps 2 every paired ratio has its interval (on the scripted clock both repetitions take the same
+    time, so the interval is the ratio itself) and no `why`."""
+    out = tmp_path / "confirm"
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--policies", "gated"]
+    assert confirm.main([*argv, "--reps", "2", "--max-tokens", "20", "--out", str(out), *MODEL]) == 0
+    result = _strict(out / "confirm.json")
+    for entry in _paired_entries(result):
+        assert "why" not in entry and len(entry["ratio_reps"]) == 2
+        assert entry["low"] == pytest.approx(entry["ratio"]) == pytest.approx(entry["high"])
+    assert result["summary"]["paired"]["noise"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_non_finite_number_is_a_loud_bug_never_a_file(tmp_path):
+    """What sim.confirm and sim.measure write goes through a check that raises ValueError (a bug, with its
+    traceback) naming the key of a NaN or an infinity, before any file is written; YAML would write .inf silently."""
+    from sim.hardware.measure import write_profile
+    from sim.hardware.options import dump_json
+
+    with pytest.raises(ValueError, match=r"confirm.json: summary.paired\[1\] is nan"):
+        dump_json({"summary": {"paired": [1.0, math.nan]}}, "confirm.json")
+    data = {"name": "p", "pipelined_ms": 1.0, "sync_ms": [2.0, 2.5], "measurements": {"64": {"low": math.inf}}}
+    path = tmp_path / "p.yaml"
+    with pytest.raises(ValueError, match=r"measurements.64.low is inf; a result file never holds NaN or Infinity"):
+        write_profile(path, data)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_config_arms_are_labelled_short_and_listed_in_full_below(profile, tmp_path):
+    """A policy file's arm is `STUDY trial N` when its notes name the trial (a best.yaml), else `config:FILE`:
+    no table cell holds a parameter string; the arms and their full parameters are listed below the tables, and
+    --control takes the short label."""
+    best = ROOT / "studies" / "gated_gb10" / "best.yaml"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("policy: gated\nparams: {max_draft: 5, full_at: 2.5, ngram_min: 3}\n")
+    out = tmp_path / "confirm"
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile)]
+    argv += ["--config", str(best), "--config", str(mine), "--control", "gated_gb10 trial 29", "--reps", "1"]
+    assert confirm.main([*argv, "--max-tokens", "20", "--out", str(out), *MODEL]) == 0
+    result = _strict(out / "confirm.json")
+    assert [r["arm"] for r in result["rows"]] == ["plain", "gated_gb10 trial 29", "config:mine.yaml"]
+    arms = {a["label"]: a for a in result["arms"]}
+    assert arms["gated_gb10 trial 29"]["file"] == str(best)
+    assert arms["gated_gb10 trial 29"]["parameters"].startswith("gated:average_weight=0.853921551319752:")
+    report = (out / "confirm.md").read_text()
+    cells = [cell.strip() for line in report.splitlines() if line.startswith("|") for cell in line.split("|")]
+    assert max(len(cell) for cell in cells) <= 40, max(cells, key=len)
+    full = arms["gated_gb10 trial 29"]["parameters"]
+    assert f"- `gated_gb10 trial 29` (from `{best}`): `{full}`" in report
+    assert "- `config:mine.yaml` (from " in report and "`gated:full_at=2.5:max_draft=5:ngram_min=3`" in report
+
+
+def test_eos_as_the_first_token_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """Model tokens (no --scripted) from a checkpoint whose first token for the prompt is its EOS: nothing to time,
+    no speedup to divide by; one line naming the trace and --scripted, no result written."""
+    from sim.hardware.model import load_model
+    from sim.hardware.target import TorchTarget, decode_plain
+
+    checkpoint = tmp_path / "ckpt"
+    tiny = load_model(arch="tiny", device="cpu")
+    tiny.model.save_pretrained(checkpoint)
+    prompt = [5, 6, 7, 8] * 4
+    first = decode_plain(TorchTarget(tiny, prompt), 1)[0]
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": first}))
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, {"prompt_tokens": prompt, "stop": "max_tokens"}, [1, 2, 3])
+    cheap = tmp_path / "cheap.yaml"
+    cheap.write_text(yaml.safe_dump({"name": "cheap", "pipelined_ms": 10.0, "sync_ms": [11.0 + w for w in range(16)]}))
+    out = tmp_path / "out"
+    argv = [str(trace), "--profile", str(cheap), "--policies", "gated", "--reps", "1", "--out", str(out)]
+    capsys.readouterr()
+    monkeypatch.setenv("TQDM_DISABLE", "1")  # stderr: the error line alone
+    assert confirm.main([*argv, "--model", str(checkpoint), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {trace}: the model emitted EOS as its first token on this prompt, so there is no decode to time; "
+        "give --scripted to force the trace's tokens\n"
+    )
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- a write the system refuses names its file
+
+
+def _full_disk(monkeypatch, after: int = 0) -> None:
+    """fsync fails with ENOSPC after `after` successful calls: the disk filled up as the results were written."""
+    import errno
+
+    calls = [0]
+    real = os.fsync
+
+    def fsync(fd):
+        calls[0] += 1
+        if calls[0] > after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setenv("TQDM_DISABLE", "1")  # stderr: the error line alone
+
+
+def test_a_full_disk_names_the_profile_and_leaves_nothing(clock, tmp_path, monkeypatch, capsys):
+    """sim.measure whose profile write fails: one line naming the profile and the reason, no file, no temporary."""
+    out = tmp_path / "p.yaml"
+    _full_disk(monkeypatch)
+    assert measure_cli.main(["--out", str(out), *QUICK, "--max-width", "2", *MODEL]) == 2
+    assert capsys.readouterr().err == f"error: {out}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_leaves_neither_confirm_file(profile, tmp_path, monkeypatch, capsys):
+    """sim.confirm writes confirm.json and confirm.md as one: the second failing leaves neither (an earlier result
+    stays as it was), and the line names the file that failed."""
+    out = tmp_path / "confirm"
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--policies", "gated"]
+    argv += ["--reps", "1", "--max-tokens", "10", "--out", str(out), *MODEL]
+    _full_disk(monkeypatch, after=1)
+    capsys.readouterr()
+    assert confirm.main(argv) == 2
+    assert capsys.readouterr().err == f"error: {out / 'confirm.md'}: No space left on device\n"
+    assert list(out.iterdir()) == []
+
+
+def test_a_full_disk_names_the_trace_and_keeps_the_partial(tmp_path, monkeypatch, capsys):
+    """sim.record whose finished trace cannot be written: one line naming it; the tokens stay in the .partial,
+    which reads as the whole run."""
+    prompt = tmp_path / "repeats.jsonl"
+    write_trace(prompt, {"prompt_tokens": [5, 6, 7, 8] * 8, "stop": "max_tokens"}, [1])
+    out = tmp_path / "rec"
+    _full_disk(monkeypatch)
+    capsys.readouterr()
+    assert record.main([str(prompt), "--out", str(out), "--max-tokens", "12", *MODEL]) == 2
+    assert capsys.readouterr().err == f"error: {out / 'repeats.jsonl'}: No space left on device\n"
+    assert sorted(p.name for p in out.iterdir()) == ["repeats.jsonl.partial"]
+    with pytest.warns(UserWarning, match="partial trace"):
+        assert len(read_trace(out / "repeats.jsonl.partial").tokens) == 12

@@ -311,15 +311,15 @@ def test_the_reproduce_commands_rebuild_the_folder_byte_for_byte(tmp_path, monke
 
 
 def test_no_feasible_trial_removes_an_earlier_best_yaml_and_offers_no_replay(tmp_path, monkeypatch):
-    """A study with no feasible trial, reported into a folder holding an earlier study's best.yaml: the stale
-    best.yaml is removed, the report says so and prints no replay command for it."""
+    """A study with no feasible trial, reported with --force into a folder holding an earlier study's best.yaml: the
+    stale best.yaml is removed, the report says so and prints no replay command for it."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "shared"
     good = spec_file(tmp_path, name="good")
     assert main([str(good), "--n-trials", "3", "--no-plots", "--out", str(out)]) == 0
     assert (out / "best.yaml").exists()
     strict = spec_file(tmp_path, name="strict", extra="constraints: {min_row_speedup: 5.0}\n")
-    assert main([str(strict), "--n-trials", "3", "--no-plots", "--out", str(out)]) == 0
+    assert main([str(strict), "--n-trials", "3", "--no-plots", "--out", str(out), "--force"]) == 0
     assert not (out / "best.yaml").exists()
     report = (out / "report.md").read_text()
     assert "No best.yaml was written. The best.yaml an earlier study had left in this folder was removed." in report

@@ -135,8 +135,8 @@ def test_a_trial_failed_by_another_process_while_it_runs_is_dropped_and_the_run_
     real_evaluate = MatrixEvaluator.evaluate
     failed: list[int] = []
 
-    def evaluate_then_fail_elsewhere(self, config):
-        rows = real_evaluate(self, config)
+    def evaluate_then_fail_elsewhere(self, config, progress=None):
+        rows = real_evaluate(self, config, progress)
         if not failed:  # what another worker's stale-trial check does to the trial that is running here
             other = open_storage(storage, 10)
             running = other.get_all_trials(other.get_study_id_from_name("tiny"), states=(TrialState.RUNNING,))
@@ -176,10 +176,12 @@ def test_workers_on_one_machine_share_a_journal_and_an_exact_cap(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (
         "note: --workers 2 on SQLite: using the journal file runs/tiny.journal.log, a separate study from "
-        "sqlite:///runs/tiny.db; continue it with --workers again" in done.stderr.splitlines()
+        "sqlite:///runs/tiny.db, and the report folder runs/tiny.journal; continue it with --workers again"
+        in done.stderr.splitlines()
     )
     journal = tmp_path / "runs" / "tiny.journal.log"
     assert journal.exists() and not (tmp_path / "runs" / "tiny.db").exists()
+    assert (tmp_path / "runs" / "tiny.journal" / "report.md").is_file() and not (tmp_path / "runs" / "tiny").exists()
     trials = open_study("tiny", str(journal)).get_trials()
     assert [t.number for t in trials] == list(range(16))
     assert all(t.state == TrialState.COMPLETE for t in trials)
@@ -317,7 +319,7 @@ def test_stopping_the_parent_stops_every_worker(tmp_path, sig):
         assert parent.returncode == 130, err
         assert "Traceback" not in err
         assert "interrupted: reporting the trials stored so far" in err
-        assert (tmp_path / "runs" / "tiny" / "report.md").is_file()
+        assert (tmp_path / "s.journal" / "report.md").is_file()  # the report folder beside its storage
 
 
 def test_a_worker_killed_alone_is_named_and_the_report_is_still_written(tmp_path):
@@ -334,8 +336,8 @@ def test_a_worker_killed_alone_is_named_and_the_report_is_still_written(tmp_path
     assert parent.returncode == 1, err
     assert "Traceback" not in err
     assert len(errors) == 1 and "was killed by SIGKILL" in errors[0] and "the report shows the trials" in errors[0]
-    assert "report: runs/tiny/report.md" in out
-    assert (tmp_path / "runs" / "tiny" / "report.md").is_file()
+    assert f"report: {tmp_path / 's.journal' / 'report.md'}" in out
+    assert (tmp_path / "s.journal" / "report.md").is_file()
 
 
 def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool]) -> tuple[int, list[str]]:
@@ -365,10 +367,12 @@ def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool
         for line in lines
         if not line.startswith("import time:")
         for part in line.rstrip("\n").split("\r")
-        if part.strip() and "trial/s" not in part and "?trial" not in part
+        if part.strip() and "trial/s" not in part and "?trial" not in part and not part.startswith(PROGRESS)
     ]
     return proc.returncode, shown
 
+
+PROGRESS = ("writing report ", "report: ", "loading ")  # progress lines on stderr, not messages
 
 MOMENTS = {
     # while optuna is being imported (after the interpreter's own start-up)

@@ -7,12 +7,13 @@ enough to exhaust the stack, a 5000-digit number, duplicate keys, a YAML alias b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,37 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic_all(files: Sequence[tuple[str | os.PathLike[str], str | bytes]]) -> None:
+    """Several files written as one result: each through a temporary file beside it, and renamed into place only
+    once every one is complete, so that a failure (a full disk) leaves every one of them as it was. An `OSError`
+    names the file it was writing, also where the system gave no name (a write or fsync that fails)."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data in files:
+            target = Path(path)
+            if target.exists() and not target.is_file():  # a rename would replace a FIFO or a device with the file
+                raise UserError(f"{target} is not a regular file (a folder, a FIFO or a device?); nothing was written")
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+                staged.append((tmp, target))
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data.encode("utf-8") if isinstance(data, str) else data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
+            except OSError as err:
+                if err.filename is not None and not Path(err.filename).name.startswith(f".{target.name}."):
+                    raise
+                raise OSError(err.errno, err.strerror or str(err), str(target)) from None
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except BaseException:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -82,9 +114,9 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Refused(f"a {len(text)}-digit integer ({text[:12]}...); no value here needs more than {MAX_INT_DIGITS}")
+def _bounded_int(text: str, digits: int = MAX_INT_DIGITS) -> int:
+    if len(text.lstrip("-")) > digits:
+        raise _Refused(f"a {len(text)}-digit integer ({text[:12]}...); no value here needs more than {digits}")
     return int(text)
 
 
@@ -99,14 +131,15 @@ def _no_constant(text: str) -> float:
     raise _Refused(f"{text} is not a number this file may hold")
 
 
-def load_json(text: str | bytes, where: str, error: type[UserError]) -> Any:
+def load_json(text: str | bytes, where: str, error: type[UserError], max_int_digits: int = MAX_INT_DIGITS) -> Any:
     """json.loads, strict: duplicate keys, NaN/Infinity, overflowing numbers and too-deep nesting are `error`s
-    that name `where` (a `file:line`)."""
+    that name `where` (a `file:line`). `max_int_digits` raises the integer bound for files this project does not
+    write (a tokenizer's `model_max_length` is often int(1e30)); Python itself refuses more than 4300 digits."""
     try:
         return json.loads(
             text,
             object_pairs_hook=_no_duplicate_keys,
-            parse_int=_bounded_int,
+            parse_int=_bounded_int if max_int_digits == MAX_INT_DIGITS else lambda t: _bounded_int(t, max_int_digits),
             parse_float=_finite_float,
             parse_constant=_no_constant,
         )
@@ -245,3 +278,109 @@ def refuse_inputs_as_outputs(
         for source in inputs:
             if same_file(out, source):
                 raise UserError(f"{flag} would overwrite {out}, one of this command's inputs; choose another path")
+
+
+# ---------------------------------------------------------------- output places checked before any work
+
+DEFAULT_NAME_MAX = 255  # bytes in one path component on Linux, macOS and Windows file systems alike
+PROBE_BYTES = 4096  # one block: a full file system refuses it, a read-only one refuses the file itself
+MIN_FREE_BYTES = 1 << 20  # less free space than this cannot take a report's figures; refused up front
+
+
+def name_max(folder: str | os.PathLike[str]) -> int:
+    """The longest file name, in bytes, that the file system holding `folder` (an existing folder) accepts."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return DEFAULT_NAME_MAX
+
+
+def existing_ancestor(path: Path) -> Path:
+    """`path` itself when it exists, else the nearest folder above it that does (what creating it would start at)."""
+    found = path
+    while not (found.exists() or found.is_symlink()) and found != found.parent:
+        found = found.parent
+    return found
+
+
+def check_file_name(path: str | os.PathLike[str], flag: str, longest_suffix: str = "") -> None:
+    """Every component of `path` that does not exist yet, plus `longest_suffix` on its last one (the longest name
+    the command derives from it: a lock file, a journal), fits the file system's limit on a file name."""
+    target = Path(path)
+    base = existing_ancestor(target.parent if longest_suffix else target)
+    limit = name_max(base if base.is_dir() else base.parent)
+    missing = target.relative_to(base).parts if target != base and target.is_relative_to(base) else ()
+    for i, part in enumerate(missing):
+        name = part + (longest_suffix if i == len(missing) - 1 else "")
+        size = len(os.fsencode(name))
+        if size > limit:
+            shown = part if len(part) <= 40 else f"{part[:20]}...{part[-12:]}"
+            derived = f" ({shown}{longest_suffix} is made from it)" if longest_suffix and i == len(missing) - 1 else ""
+            raise UserError(
+                f"{flag} {target}: the name {shown!r}{derived} is {size} bytes, more than the {limit} a file name "
+                f"may have in {base}; choose a shorter one"
+            )
+
+
+def check_writable_folder(path: str | os.PathLike[str], flag: str, named: str | os.PathLike[str] | None = None) -> Path:
+    """Before any work, creating nothing: a folder a command will write into (it exists, or the folders missing on
+    the way to it can be made) is not a file, its new names fit the file system, and its nearest existing folder
+    takes a file: not read-only, not full (a block is written and synced, then removed), with at least
+    MIN_FREE_BYTES free. Every refusal names the flag, the path (`named`, when the folder is that of a file) and the
+    folder that refuses it."""
+    out = Path(path)
+    shown = named if named is not None else out
+    if out.exists() and not out.is_dir():
+        where = f"{shown}: {out}" if named is not None else str(out)
+        raise UserError(f"{flag} {where} is a file, not a folder")
+    base = existing_ancestor(out)
+    if not base.is_dir():
+        raise UserError(f"{flag} {shown}: {base} is a file, not a folder")
+    check_file_name(out, flag)
+    try:
+        fd, probe = tempfile.mkstemp(dir=base, prefix=".draftlab-probe.", suffix=".tmp")
+    except OSError as err:
+        raise UserError(f"{flag} {shown}: no file can be written in {base} ({err.strerror or err})") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+        space = os.statvfs(base)
+        free = space.f_bavail * space.f_frsize
+    except OSError as err:
+        raise UserError(f"{flag} {shown}: no file can be written in {base} ({err.strerror or err})") from None
+    finally:
+        Path(probe).unlink(missing_ok=True)
+    if free < MIN_FREE_BYTES:
+        raise UserError(
+            f"{flag} {shown}: {base} has {free} bytes free, less than the {MIN_FREE_BYTES} its files need; free some "
+            "space or choose another folder"
+        )
+    return out
+
+
+def check_writable_file(path: str | os.PathLike[str], flag: str, longest_suffix: str = "") -> Path:
+    """Before any work, creating nothing: a file a command will create or update in place (a database, a journal)
+    can be: its name and `longest_suffix` on it fit, an existing one is writable, its folder takes new files
+    (check_writable_folder: sidecar files such as locks go beside it)."""
+    target = Path(path)
+    check_file_name(target, flag, longest_suffix)
+    check_writable_folder(target.parent, flag, target)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UserError(f"{flag} {target}: the file is not writable (read-only, or owned by someone else)")
+    return target
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Around writing `path`: an OSError that names no file, or only the temporary file beside it (a write or sync
+    that fails on a full disk), is raised again naming `path`, so the error line says which file failed."""
+    try:
+        yield
+    except OSError as err:
+        target = Path(path)
+        named = err.filename is not None and not Path(os.fsdecode(err.filename)).name.startswith(f".{target.name}.")
+        if named or err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(target)) from None

@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from sim.core.errors import PlotError
+from sim.core.io import naming
 from sim.figures.style import DPI, OWN, PALETTE, REJECTED, file_part, save
 from sim.tuning.trials import best_trial, complete_trials, feasible, importances, objective_names
 
@@ -223,7 +224,7 @@ def write_study_figures(
     """OUT/STUDY_{history,importances,pareto,rows}.png; returns the files written and a note per figure skipped."""
     figures, notes = study_figures(study, baseline)
     prefix = file_part(study.study_name)
-    return [save(fig, out / f"{prefix}_{kind}.png", dpi) for kind, fig in figures.items()], notes
+    return [_save(fig, out / f"{prefix}_{kind}.png", dpi) for kind, fig in figures.items()], notes
 
 
 def write_report_figures(
@@ -233,4 +234,10 @@ def write_report_figures(
     by sim.tune): the rows figure from the report's `series`, `limit` marking min_row_speedup, `found` the
     importances it has already; (file names written, a note per figure skipped)."""
     figures, notes = study_figures(study, series=series, limit=limit, found=found)
-    return [save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes
+    return [_save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes
+
+
+def _save(fig: Figure, path: Path, dpi: int = DPI) -> Path:
+    # A write that fails with no file named (a full disk) names the PNG: the error line says which file it was.
+    with naming(path):
+        return save(fig, path, dpi)

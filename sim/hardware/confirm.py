@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sim.core.errors import ModelError
 from sim.core.protocols import ForwardCosts
 from sim.drafters.registry import live_drafter
 from sim.engine.actions import Counters
@@ -142,7 +143,14 @@ def collect(
         for trace, cap, trace_runs in zip(traces, caps, runs, strict=True):
             for arm in arms[shift:] + arms[:shift]:
                 bar.set_postfix_str(f"rep {rep + 1}/{reps} {trace.name} {arm.label}"[:60], refresh=False)
-                trace_runs[arm.label].append(run_arm(lm, trace, arm, cap, scripted, costs))
+                result = run_arm(lm, trace, arm, cap, scripted, costs)
+                if arm.config is None and not result.tokens:  # no tok/s, no speedup: say so now, not after every run
+                    bar.close()
+                    raise ModelError(
+                        f"{trace.path}: the model emitted EOS as its first token on this prompt, so there is no "
+                        "decode to time; give --scripted to force the trace's tokens"
+                    )
+                trace_runs[arm.label].append(result)
                 bar.update(1)
         if between is not None:
             between(rep)
@@ -249,17 +257,28 @@ def paired(rows: list[dict[str, Any]], arms: list[Arm], control: str) -> dict[st
     return {"control": control, "arms": overall, "noise": noise}
 
 
+NO_INTERVAL = "one repetition: no spread to estimate"  # `why` beside a paired entry's null interval
+
+
 def _paired_entry(control: str, logs: list[float], predicted: float) -> dict[str, Any]:
+    """The paired ratio over repetitions with its 95% interval; where the interval cannot be computed (one
+    repetition: stats gives it as -inf..inf) `low` and `high` are null and `why` says so, since JSON has no
+    infinity and the project's readers refuse one."""
     mean, low, high = stats.paired_interval(logs)
-    return {
+    entry: dict[str, Any] = {
         "control": control,
         "ratio_reps": [math.exp(x) for x in logs],
         "ratio": math.exp(mean),
-        "low": math.exp(low),
-        "high": math.exp(high),
+        "low": None,
+        "high": None,
         "predicted": math.exp(predicted),
-        "verdict": stats.verdict(low, high, predicted),
+        "verdict": stats.verdict(low, high, predicted),  # on the unbounded interval: unresolved, as it should be
     }
+    if math.isfinite(low) and math.isfinite(high):
+        entry["low"], entry["high"] = math.exp(low), math.exp(high)
+    else:
+        entry["why"] = NO_INTERVAL
+    return entry
 
 
 def summary(rows: list[dict[str, Any]], arms: list[Arm], control: str = PLAIN) -> dict[str, Any]:
@@ -314,12 +333,25 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for label, x in s["geomean_speedup"].items():
         lines.append(f"| {label} | {x:.3f} | {s['geomean_predicted_speedup'][label]:.3f} |")
-    lines += ["", *_paired_lines(result), f"Command: `{result['command']}`", ""]
+    lines += ["", *_paired_lines(result), *_arm_lines(result), f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
 
 
+def _arm_lines(result: dict[str, Any]) -> list[str]:
+    """Every arm's full parameters, below the tables: a policy file's arm is labelled by its file or its study
+    trial there, since its parameter string would be too wide for a table column."""
+    lines = ["## Arms", ""]
+    for arm in result["arms"]:
+        if arm.get("parameters") is None:
+            lines.append(f"- `{arm['label']}`: plain decoding")
+            continue
+        source = f" (from `{arm['file']}`)" if arm.get("file") else ""
+        lines.append(f"- `{arm['label']}`{source}: `{arm['parameters']}`")
+    return [*lines, ""]
+
+
 def _interval(p: dict[str, Any]) -> str:
-    if not math.isfinite(p["low"]) or not math.isfinite(p["high"]) or p["high"] > 1e6:
+    if p["low"] is None or p["high"] is None:
         return "- (one repetition)"
     return f"{p['low']:.3f}-{p['high']:.3f}"
 
@@ -357,6 +389,14 @@ def _paired_lines(result: dict[str, Any]) -> list[str]:
         if p["noise"] is not None
         else "Noise: one repetition measures none; run --reps 2 or more."
     )
+    entries = [r["paired"] for r in result["rows"] if "paired" in r] + list(p["arms"].values())
+    if any(q["low"] is None for q in entries):
+        lines += [
+            "",
+            f"No interval ({NO_INTERVAL}): a t interval needs the spread between at least two repetitions, so "
+            'confirm.json writes `"low": null, "high": null` with `"why"` beside such a ratio, and its verdict '
+            "stays unresolved; run --reps 2 or more.",
+        ]
     return [*lines, "", noise, ""]
 
 

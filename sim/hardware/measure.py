@@ -36,10 +36,10 @@ import numpy as np
 import yaml
 
 from sim.core.errors import UserError
-from sim.core.io import write_atomic
+from sim.core.io import write_atomic_all
 from sim.engine.costs import profile_from_dict
 from sim.hardware.model import LoadedModel, versions
-from sim.hardware.options import DEFAULT_MAX_WIDTH
+from sim.hardware.options import DEFAULT_MAX_WIDTH, require_finite
 from sim.hardware.options import progress as progress_bar
 from sim.hardware.target import TorchTarget, synchronize
 from sim.hardware.tokenizer import GPT2_EOS
@@ -281,9 +281,10 @@ def profile_data(m: dict[str, Any], lm: LoadedModel, name: str, command: str) ->
 
 
 def write_profile(path: str | Path, data: dict[str, Any]) -> None:
-    """Validate through the same loader replay uses, then write atomically."""
+    """Validate through the same loader replay uses, then write atomically (an OSError names the file)."""
+    require_finite(data, str(path))  # YAML would write .nan or .inf silently, anywhere, `measurements` included
     profile_from_dict(data, str(path))
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False, width=1000))
+    write_atomic_all([(path, yaml.safe_dump(data, sort_keys=False, width=1000))])
 
 
 def grid_profile_data(

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from sim.core.errors import ModelError, UserError
+from sim.core.io import check_out_file, refuse_inputs_as_outputs
 from sim.engine.trace import Trace
 
 # The named random-weight architectures of sim/hardware/model.py (ARCHS there must list exactly these, in this order).
@@ -112,6 +115,49 @@ def model_files(args: argparse.Namespace) -> list[Path]:
     if args.model is None or not os.path.isdir(args.model):
         return []
     return sorted(p for p in Path(args.model).iterdir() if p.is_file())
+
+
+def check_outputs(
+    outputs: Sequence[str | os.PathLike[str]], inputs: Sequence[str | os.PathLike[str]], flag: str, force: bool
+) -> None:
+    """Before any model is loaded, every file the command will write: not one of its inputs, not a folder or a
+    special file, in a folder that exists (or can be made) and takes a new file, and replacing a file only with
+    --force; each refusal names the path."""
+    refuse_inputs_as_outputs(outputs, inputs, flag)
+    for path in outputs:
+        check_out_file(path, flag, force)
+
+
+@contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An `OSError` inside names `path` where the system named no file (a write or fsync on a full disk) or only a
+    temporary file beside it, so that its one `error:` line says which output failed."""
+    try:
+        yield
+    except OSError as err:
+        name = Path(path).name
+        if err.filename is not None and not Path(str(err.filename)).name.startswith(f".{name}."):
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
+
+
+def require_finite(value: Any, what: str, where: str = "") -> None:
+    """A `ValueError` (a bug, with its traceback) where `value` holds a NaN or an infinity anywhere: no result file
+    may hold one, since the project's strict readers refuse them and YAML would write `.nan` without a word."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what}: {where or 'the value'} is {value}; a result file never holds NaN or Infinity")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            require_finite(item, what, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            require_finite(item, what, f"{where}[{i}]")
+
+
+def dump_json(value: Any, what: str, **options: Any) -> str:
+    """JSON text for a result file: a non-finite number is a loud bug naming its key, never an `Infinity` in it."""
+    require_finite(value, what)
+    return json.dumps(value, allow_nan=False, **options)
 
 
 def require_torch(command: str) -> None:

@@ -13,14 +13,17 @@ accepts a `.partial` (with a warning) as a run cut at its last complete line.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from sim.core.errors import ModelError
 from sim.engine.trace import header_line, token_line, write_trace
 from sim.hardware.model import LoadedModel
-from sim.hardware.options import progress
+from sim.hardware.options import naming, progress, require_finite
 from sim.hardware.prompts import PromptFile, encode, output_paths, read_prompt  # noqa: F401 (the library's API)
 from sim.hardware.target import TorchTarget, decode_plain
 
@@ -66,6 +69,7 @@ def record_one(
         "stop": "max_tokens",
         "recording": "partial: stop and max_tokens are written at the end",
     }
+    require_finite(partial_header, f"{partial} header")  # the trace reader refuses NaN and Infinity
     target = TorchTarget(lm, prompt, keep_top=max(top, 2))
     tokens: list[int] = []
     margins: list[float] = []
@@ -73,30 +77,44 @@ def record_one(
     out_dir.mkdir(parents=True, exist_ok=True)
     if force and (partial.is_symlink() or partial.is_file()):
         partial.unlink()
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with (
-        open(fd, "w", encoding="utf-8", newline="\n") as stream,
-        progress(max_tokens, f"record {name}", "tok") as bar,
-    ):
-        stream.write(header_line(partial_header))
-        stream.flush()
+    with naming(partial):
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with (
+                open(fd, "w", encoding="utf-8", newline="\n") as stream,
+                progress(max_tokens, f"record {name}", "tok") as bar,
+            ):
+                stream.write(header_line(partial_header))
+                stream.flush()
 
-        def land(index: int, token: int) -> None:
-            pairs = target.tops[index]
-            margin = round(pairs[0][1] - pairs[1][1], DIGITS)
-            best = [[i, round(v, DIGITS)] for i, v in pairs[:top]] if top else None
-            tokens.append(token)
-            margins.append(margin)
-            tops.append(best)
-            stream.write(token_line(token, margin, best))
-            stream.flush()
-            bar.update(1)
+                def land(index: int, token: int) -> None:
+                    pairs = target.tops[index]
+                    if not all(math.isfinite(v) for _, v in pairs):  # NaN weights, or a dtype that overflowed
+                        cause = "its weights hold NaN or Infinity"
+                        if lm.dtype != torch.float32:
+                            cause += f", or {lm.info['dtype']} overflows (try --dtype float32)"
+                        raise ModelError(
+                            f"{name}: the model's logits for token {index} are not finite (top logits "
+                            f"{', '.join(str(v) for _, v in pairs[:2])}): {cause}; nothing was recorded"
+                        )
+                    margin = round(pairs[0][1] - pairs[1][1], DIGITS)
+                    best = [[i, round(v, DIGITS)] for i, v in pairs[:top]] if top else None
+                    tokens.append(token)
+                    margins.append(margin)
+                    tops.append(best)
+                    stream.write(token_line(token, margin, best))
+                    stream.flush()
+                    bar.update(1)
 
-        decode_plain(target, max_tokens, on_token=land)
+                decode_plain(target, max_tokens, on_token=land)
+        except ModelError:
+            partial.unlink()  # a broken model's recording is no prefix of anything worth keeping
+            raise
     if not tokens:
         partial.unlink()
         raise ModelError(f"{name}: the model emitted EOS as its first token; there is nothing to record")
     stop = "max_tokens" if len(tokens) >= max_tokens else "eos"
-    write_trace(final, {**header, "stop": stop, "max_tokens": max_tokens}, tokens, margins, tops if top else None)
+    with naming(final):
+        write_trace(final, {**header, "stop": stop, "max_tokens": max_tokens}, tokens, margins, tops if top else None)
     partial.unlink()
     return final, len(tokens), stop

@@ -14,7 +14,7 @@ from sim.rows.replay import ReplayRow
 from sim.tuning import stats
 from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, score
-from sim.tuning.spec import Fold, StudySpec
+from sim.tuning.spec import Fold, StudySpec, trace_arguments
 from sim.tuning.validation import describe, split
 
 
@@ -55,6 +55,8 @@ def paired(matrix: MatrixEvaluator, base: list[ReplayRow], best: list[ReplayRow]
 
 
 def gain(spec: StudySpec, weights: dict[str, float], rows: Paired) -> Gain:
+    if not rows.base:  # a gain over no rows would read +0.00% (95% CI +0.00% to +0.00%): callers say why there is none
+        raise ValueError("gain: no rows to compare")
     log_ratios = [math.log(b.speedup / a.speedup) for a, b in zip(rows.base, rows.best, strict=True)]
     value, low, high = stats.bootstrap_gain(
         log_ratios,
@@ -69,17 +71,27 @@ def gain(spec: StudySpec, weights: dict[str, float], rows: Paired) -> Gain:
 
 @dataclass(frozen=True)
 class FoldResult:
+    """One fold's best against the baseline; a fold whose study has no complete trial yet (a run stopped before the
+    folds searched) has no numbers: train_gain, held and rows are None, and it is left out of the pooled estimate."""
+
     fold: Fold
     study: str
     trials: int
     best: int | None  # the fold study's best feasible trial; None: none yet, so the fold recommends the baseline
-    train_gain: float
-    held: Gain
-    rows: Paired
+    train_gain: float | None
+    held: Gain | None
+    rows: Paired | None
+
+    @property
+    def searched(self) -> bool:
+        return self.rows is not None
 
 
 def assess_fold(spec: StudySpec, matrix: MatrixEvaluator, fold: Fold, study: optuna.Study) -> FoldResult:
     """One fold's best (found on its training rows) against the baseline on the rows it never saw."""
+    held_trials = len(study.get_trials(deepcopy=False))
+    if not stored.complete_trials(study):  # nothing searched yet: the baseline against itself would say +0.00%
+        return FoldResult(fold, study.study_name, held_trials, None, None, None, None)
     train, test = split(spec, matrix, fold)
     best = stored.best_trial(study)
     config = spec.config(best.params) if best is not None else spec.baseline
@@ -90,7 +102,7 @@ def assess_fold(spec: StudySpec, matrix: MatrixEvaluator, fold: Fold, study: opt
     return FoldResult(
         fold,
         study.study_name,
-        len(study.get_trials(deepcopy=False)),
+        held_trials,
         best.number if best is not None else None,
         train_ratio - 1,
         gain(spec, matrix.weights, held),
@@ -105,6 +117,12 @@ def fold_table(spec: StudySpec, results: Sequence[FoldResult]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if r.held is None or r.train_gain is None:
+            lines.append(
+                f"| {r.fold.number} | {describe(spec, r.fold)} | {r.study} | {r.trials} | no complete trial yet "
+                "| - | - (not held out yet) | - |"
+            )
+            continue
         best = f"#{r.best}" if r.best is not None else "none feasible (baseline)"
         lines.append(
             f"| {r.fold.number} | {describe(spec, r.fold)} | {r.study} | {r.trials} | {best} "
@@ -161,8 +179,13 @@ def plan(
             "baseline on new prompts. The plan below is what confirming it would take anyway.",
             "",
         ]
-    if held is None:
+    if held is None and spec.validation is None:
         lines += ["No held-out estimate (the spec has no `validation:`): the in-sample gain below is optimistic.", ""]
+    elif held is None:
+        lines += [
+            "Nothing held out yet (no fold's study has a complete trial): the in-sample gain below is optimistic.",
+            "",
+        ]
     lines += [
         f"Confirm **{candidate}** (`{best_yaml}`) against the control **{control}** (the spec's baseline), "
         "interleaved on one machine (sim.confirm alternates the arms within every repetition, so drift between "
@@ -202,8 +225,7 @@ def plan(
                 f"| group {group}, geomean of {len(idx)} rows | {profile} | {100 * math.expm1(effect):+.2f}% "
                 f"| {_reps(effect, noise * spread, power)} |"
             )
-    traces = sorted({r.trace.path for r in rows.base})
-    listed = " ".join(traces) if len(traces) <= 8 else f"TRACE... (the {len(traces)} traces under Inputs)"
+    listed = trace_arguments(spec, {r.trace.path for r in rows.base})  # the spec's globs, as a shell expands them
     lines += [
         "",
         "Command, with the profile sim.measure wrote for the machine and model you confirm on, and --reps from "
@@ -231,8 +253,10 @@ def _weighted_effect(rows: Paired, idx: Sequence[int], weights: dict[str, float]
 
 
 def held_summary(results: Sequence[FoldResult]) -> Paired | None:
-    """Every fold's held-out rows pooled: each row scored by the best of the one fold that never saw it."""
+    """Every searched fold's held-out rows pooled: each row scored by the best of the one fold that never saw it;
+    None when no fold has searched yet."""
     pooled: Paired | None = None
     for r in results:
-        pooled = r.rows if pooled is None else pooled + r.rows
+        if r.rows is not None:
+            pooled = r.rows if pooled is None else pooled + r.rows
     return pooled

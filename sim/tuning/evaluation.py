@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from sim.engine.costs import CostProfile, Profile, load_profile
 from sim.engine.timing import NO_JITTER, Jitter, drafting_times, flat_time, plain_actions, recurrence_timing
@@ -26,6 +26,7 @@ from sim.rows.replay import ReplayRow, effective_max_tokens, geomean, require_wi
 from sim.tuning.spec import DEFAULT_GROUP, Robust, StudySpec
 
 DEFAULT_ROBUST = Robust()
+Progress = Callable[[], object]  # called once per unit of work done, e.g. a tqdm bar's update
 JITTER_SEED_STRIDE = 1_000_003  # seed of row r in jitter pass k: k * stride + r, distinct for any matrix we run
 
 
@@ -96,13 +97,17 @@ class MatrixEvaluator:
             self._plain_ms[key] = recurrence_timing(actions, contexts, self.profiles[j], prompt, jitter).total_ms
         return self._plain_ms[key]
 
-    def evaluate(self, config: PolicyConfig) -> list[ReplayRow]:
-        """Every row, trace-major; raises ProfileError before any work when a profile lacks a width."""
-        return self.evaluate_jittered(config, [None])[0]
+    def evaluate(self, config: PolicyConfig, progress: Progress | None = None) -> list[ReplayRow]:
+        """Every row, trace-major; raises ProfileError before any work when a profile lacks a width. `progress` is
+        called once per trace done (a report's progress bar)."""
+        return self.evaluate_jittered(config, [None], progress)[0]
 
-    def evaluate_jittered(self, config: PolicyConfig, passes: Sequence[int | None]) -> list[list[ReplayRow]]:
+    def evaluate_jittered(
+        self, config: PolicyConfig, passes: Sequence[int | None], progress: Progress | None = None
+    ) -> list[list[ReplayRow]]:
         """Every row once per pass, the loop run once for all: pass None is noise-free, pass k draws the
-        robust.jitter noise with seed k * JITTER_SEED_STRIDE + row (the same draws for every configuration)."""
+        robust.jitter noise with seed k * JITTER_SEED_STRIDE + row (the same draws for every configuration).
+        `progress` is called once per trace done."""
         require_widths([config], self.profiles)
         label = config.label()
         out: list[list[ReplayRow]] = [[] for _ in passes]
@@ -142,6 +147,8 @@ class MatrixEvaluator:
                             plain_time_ms=plain_ms,
                         )
                     )
+            if progress is not None:
+                progress()
         return out
 
     def _jitter(self, k: int, row: int) -> Jitter:
@@ -156,13 +163,15 @@ class MatrixEvaluator:
         total = sum(self.weights[g] for g in counts)
         return [self.weights[g] / counts[g] / total for g in groups]
 
-    def scores(self, config: PolicyConfig, rows: Sequence[ReplayRow], jitter: bool) -> dict[str, float]:
+    def scores(
+        self, config: PolicyConfig, rows: Sequence[ReplayRow], jitter: bool, progress: Progress | None = None
+    ) -> dict[str, float]:
         """Every objective of `rows` (config's rows on this matrix); jitter_geomean only when `jitter` (it replays
-        the matrix robust.seeds more times), else left out."""
+        the matrix robust.seeds more times, `progress` called once per trace), else left out."""
         weights = self.row_weights(rows)
         values = {name: score(rows, name, weights, self.robust.quantile) for name in NOISE_FREE}
         if jitter:
-            passes = self.evaluate_jittered(config, list(range(self.robust.seeds)))
+            passes = self.evaluate_jittered(config, list(range(self.robust.seeds)), progress)
             values["jitter_geomean"] = sum(score(p, "geomean_speedup", weights) for p in passes) / len(passes)
         return values
 

@@ -22,8 +22,10 @@ says it (`render`) and from best.yaml (`best_yaml`, written by `write_best`).
 from __future__ import annotations
 
 import math
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +33,10 @@ from typing import Any
 import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
+from tqdm import tqdm
 
-from sim.core.io import write_atomic
+from sim.core.errors import StudyError
+from sim.core.io import naming, read_bytes, write_atomic
 from sim.engine.actions import COUNTER_NAMES
 from sim.engine.timing import speedup
 from sim.rows.config import PolicyConfig
@@ -40,10 +44,10 @@ from sim.rows.headroom import headroom_share, row_oracle_ms
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
 from sim.tuning import trials as stored
-from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
+from sim.tuning.evaluation import MatrixEvaluator, Progress, constraint_values, score
 from sim.tuning.search import stored_rows
-from sim.tuning.spec import Fold, StudySpec, default_out
-from sim.tuning.storage_url import redacted, storage_kind
+from sim.tuning.spec import DEFAULT_GROUP, Fold, StudySpec, default_out, trace_arguments
+from sim.tuning.storage_url import redacted, same_storage, storage_kind
 from sim.tuning.validation import fold_name, training
 
 FIGURES = {
@@ -67,25 +71,47 @@ def dashboard_command(storage: str) -> str:
     return f"pip install optuna-dashboard && optuna-dashboard {storage}"
 
 
+@contextmanager
+def _progress(desc: str, total: int, unit: str) -> Iterator[Progress]:
+    """A progress bar on stderr for one stage of writing the report (on the committed studies the oracle column
+    takes seconds, the jitter scores and the folds several more); it goes once the stage is done. Nothing of it
+    reaches the report's files."""
+    bar = tqdm(
+        total=total, desc=f"report: {desc}", unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, delay=1.0
+    )
+    try:
+        yield bar.update
+    finally:
+        bar.close()
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
 
 
-def _scores(rows: Sequence[ReplayRow], spec: StudySpec, matrix: MatrixEvaluator, config: Any) -> dict[str, float]:
+def _scores(
+    rows: Sequence[ReplayRow], spec: StudySpec, matrix: MatrixEvaluator, config: Any, progress: Progress | None = None
+) -> dict[str, float]:
     return {
-        **matrix.scores(config, rows, jitter=True),
+        **matrix.scores(config, rows, jitter=True, progress=progress),
         **dict(zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True)),
     }
 
 
-def oracle_speedups(rows: Sequence[ReplayRow]) -> list[float] | None:
-    """The hindsight-optimal speedup of every row (sim/rows/headroom.py, under each row's own loop settings, about
-    5 ms a row), or None when the rows draft with another drafter than prompt lookup, for which no oracle is defined."""
+def oracle_speedups(rows: Sequence[ReplayRow], progress: Progress | None = None) -> list[float] | None:
+    """The hindsight-optimal speedup of every row (sim/rows/headroom.py, under each row's own loop settings, 5 to 30
+    ms a row; `progress` called once per row), or None when the rows draft with another drafter than prompt lookup,
+    for which no oracle is defined."""
     if any(not r.config.drafter.is_default for r in rows):
         return None
-    return [speedup(r.plain_time_ms, row_oracle_ms(r)) for r in rows]
+    found = []
+    for r in rows:
+        found.append(speedup(r.plain_time_ms, row_oracle_ms(r)))
+        if progress is not None:
+            progress()
+    return found
 
 
 def _counts(trials: Sequence[FrozenTrial]) -> str:
@@ -93,8 +119,11 @@ def _counts(trials: Sequence[FrozenTrial]) -> str:
     by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
     infeasible = sum(not stored.feasible(t) for t in complete)
     invalid = sum("invalid" in t.user_attrs for t in trials if t.state == TrialState.PRUNED)
+    if not trials:
+        return "No trials stored yet"
     return (
-        f"{len(trials)} trials: {by_state['complete']} complete ({len(complete) - infeasible} feasible, "
+        f"{len(trials)} trial{'' if len(trials) == 1 else 's'}: "
+        f"{by_state['complete']} complete ({len(complete) - infeasible} feasible, "
         f"{infeasible} infeasible: kept, marked by the constraint), {by_state['pruned']} pruned "
         f"({invalid} invalid configurations), {by_state['fail']} failed, {by_state['running']} running, "
         f"{by_state['waiting']} waiting"
@@ -143,6 +172,8 @@ def _groups_table(matrix: MatrixEvaluator, rows: assess.Paired) -> list[str]:
 
 def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n: int = 10) -> list[str]:
     done = [t for t in trials if t.state == TrialState.COMPLETE and stored.feasible(t)]
+    if not done:  # a table of no rows under its header would read as a rendering fault
+        return ["No feasible completed trial yet."]
     done.sort(key=lambda t: (-t.values[0], t.number))
     lines = [
         "| trial | " + " | ".join(spec.objectives) + " | worst row | differs from baseline |",
@@ -172,11 +203,23 @@ def _lead(spec: StudySpec, found: Assessment) -> list[str]:
     """The report's first lines: the gain to expect on new prompts beside the in-sample one."""
     v = spec.validation
     lines = []
+    waiting = [r.fold.number for r in found.folds if not r.searched]
     if found.held is not None and v is not None:
         how = f"{v.method.replace('_', '-')} by {v.by}" + (f", k={v.k}" if v.k else "")
+        numbers = ", ".join(map(str, waiting))
+        missing = ""
+        if len(waiting) == 1:
+            missing = f" (fold {numbers} has no complete trial yet: its rows are not in it)"
+        elif waiting:
+            missing = f" (folds {numbers} have no complete trial yet: their rows are not in it)"
         lines.append(
             f"**Held out ({how}; what to expect on new prompts): gain {found.held.text()}** over "
-            f"{found.held.rows} rows, each scored by a best that never saw it."
+            f"{found.held.rows} rows, each scored by a best that never saw it{missing}."
+        )
+    elif v is not None and found.folds:
+        lines.append(
+            "**Nothing held out yet**: no fold's study has a complete trial (the run stopped before the folds "
+            "searched); rerun the command to run them."
         )
     elif v is None:
         lines.append(
@@ -236,14 +279,15 @@ class Findings:
     groups: list[str]  # every row's group as the table shows it, a holdout's rows marked
 
 
-def findings(inputs: ReportInputs) -> Findings:
-    """Scores, gains and rows: everything report.md and best.yaml say that is not just formatting."""
+def findings(inputs: ReportInputs, progress: Progress | None = None) -> Findings:
+    """Scores, gains and rows: everything report.md and best.yaml say that is not just formatting. `progress` is
+    called once per trace of the searched rows scored (the baseline's, then the best's)."""
     spec, matrix, best = inputs.spec, inputs.matrix, inputs.best
     trials = inputs.study.get_trials(deepcopy=False)
     base_rows, best_rows = inputs.rows
     searched = training(spec, matrix, None)
     front = sorted(inputs.study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
-    base_scores = _scores(_on(searched, base_rows), spec, searched, spec.baseline)
+    base_scores = _scores(_on(searched, base_rows), spec, searched, spec.baseline, progress)
     config, best_scores = None, None
     if best is None:
         summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
@@ -252,9 +296,11 @@ def findings(inputs: ReportInputs) -> Findings:
         if best_rows is None:
             raise ValueError(f"render: trial #{best.number} is the best trial but rows carries no rows for it")
         config = spec.config(best.params)
-        best_scores = _scores(_on(searched, best_rows), spec, searched, config)
+        best_scores = _scores(_on(searched, best_rows), spec, searched, config, progress)
         gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
         held = f"; held out {inputs.gains.held.text()}" if inputs.gains.held is not None else ""
+        if inputs.gains.held is None and inputs.gains.folds:
+            held = "; held out: nothing yet, no fold has a complete trial"
         summary = (
             f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
             f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}% in-sample{held}), worst row "
@@ -285,7 +331,8 @@ def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
 
 def write_best(out: Path, mapping: dict[str, Any]) -> None:
     # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
-    write_atomic(out / "best.yaml", yaml.safe_dump(mapping, sort_keys=True))
+    with naming(out / "best.yaml"):
+        write_atomic(out / "best.yaml", yaml.safe_dump(mapping, sort_keys=True))
 
 
 def render(inputs: ReportInputs, facts: Findings) -> str:
@@ -475,16 +522,27 @@ def _folds_note(spec: StudySpec) -> list[str]:
     return [f"Each command runs its trials in the study {spec.name}, then in each fold's study in turn: {names}.", ""]
 
 
+def _groups_note(spec: StudySpec) -> list[str]:
+    """The spec's trace groups and the globs that make each, as the commands above take them (none for a plain list
+    of globs)."""
+    if not spec.groups or [g for g, _ in spec.trace_globs] == [DEFAULT_GROUP]:
+        return []
+    sizes = {g.name: len(g.traces) for g in spec.groups}
+    parts = [f"{name} `{' '.join(globs)}` ({sizes[name]})" for name, globs in spec.trace_globs]
+    return [f"Trace groups of the spec (traces): {', '.join(parts)}.", ""]
+
+
 def _provenance(
     spec: StudySpec, matrix: MatrixEvaluator, study: optuna.Study, storage: str, out: Path, has_best: bool
 ) -> list[str]:
     storage = redacted(storage)
     workers = " --workers 2" if storage_kind(storage) == "journal" else ""
     where = "" if storage == spec.storage else f" --storage {storage}"
-    where += "" if Path(out) == default_out(spec.name) else f" --out {out}"
+    # --out is left out only where the command without it writes here: the spec's storage and its default folder.
+    where += "" if storage == spec.storage and Path(out) == default_out(spec.name, storage) else f" --out {out}"
     rebuild = _rebuild(spec, study.user_attrs.get("invocations", []), where)
     single = all("--workers" not in line for line in rebuild)
-    matrix_args = f"{' '.join(spec.traces)} --profile {','.join(spec.profiles)}"
+    matrix_args = f"{trace_arguments(spec)} --profile {','.join(spec.profiles)}"
     replay = [f"    python -m sim.replay --config {out / 'best.yaml'} {matrix_args}"] if has_best else []
     lines = [
         "## Reproduce",
@@ -505,6 +563,7 @@ def _provenance(
         *replay,
         f"    {dashboard_command(storage)}",
         "",
+        *_groups_note(spec),
         f"Sampler {spec.sampler}, seed {spec.seed} (the first run's first worker uses it; every other worker and "
         "every later run derives its own seed from it, so none repeats another's points). "
         f"optuna {optuna.__version__}, Python {sys.version_info.major}.{sys.version_info.minor}.",
@@ -569,7 +628,11 @@ def assessment(
         out = [i for i in range(len(base_rows)) if i not in kept]
         held = assess.Paired([base_rows[i] for i in out], [best_rows[i] for i in out], [both.groups[i] for i in out])
         return Assessment(in_sample, assess.gain(spec, matrix.weights, held), [])
-    results = [assess.assess_fold(spec, matrix, fold, study) for fold, study in folds]
+    with _progress("scoring held-out folds", len(folds), "fold") as advance:
+        results = []
+        for fold, study in folds:
+            results.append(assess.assess_fold(spec, matrix, fold, study))
+            advance()
     pooled = assess.held_summary(results)
     return Assessment(in_sample, assess.gain(spec, matrix.weights, pooled) if pooled else None, results)
 
@@ -585,23 +648,80 @@ def write_report(
 ) -> str:
     """matrix: the spec's every row (MatrixEvaluator.for_spec); draw: what writes the PNGs (None: no plots; sim.tune
     passes sim.figures.study_figures.write_report_figures); folds: each fold's study when validation nests."""
+    # The report takes from a second (5 rows) to half a minute (1000 rows): a line says so, and each stage that
+    # lasts more than a second shows its progress (_progress).
+    print(f"writing report {out / 'report.md'} ...", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     found = stored.importances(study)  # PED-ANOVA per objective; the table shows the first
     ranked = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
     best = stored.best_trial(study)  # feasible, best on the first objective, on the Pareto front
-    rows = (matrix.evaluate(spec.baseline), matrix.evaluate(spec.config(best.params)) if best else None)
+    configs = [spec.baseline, *([spec.config(best.params)] if best else [])]
+    with _progress("replaying the baseline and the best", len(configs) * len(matrix.traces), "trace") as advance:
+        evaluated = [matrix.evaluate(config, advance) for config in configs]
+    rows = (evaluated[0], evaluated[1] if best else None)
     figures = write_figures(spec, matrix, study, found, best, rows, out, draw) if draw is not None else None
     stale = out / "best.yaml"
     removed_best = best is None and (stale.exists() or stale.is_symlink())
     if removed_best:  # no configuration of this study may be mistaken for its best: one unlink, atomic
         stale.unlink()
     gains = assessment(spec, matrix, rows, folds)
-    oracle = oracle_speedups(rows[1]) if rows[1] is not None else None
+    oracle = None
+    if rows[1] is not None:
+        with _progress("the oracle column", len(rows[1]), "row") as advance:
+            oracle = oracle_speedups(rows[1], advance)
     inputs = ReportInputs(spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best, gains, oracle)
-    facts = findings(inputs)
-    write_atomic(out / "report.md", render(inputs, facts))
+    scored = len(training(spec, matrix, None).traces) * len(configs)
+    with _progress(f"scoring (jitter_geomean: {spec.robust.seeds} noise draws)", scored, "trace") as advance:
+        facts = findings(inputs, advance)
+    with naming(out / "report.md"):
+        write_atomic(out / "report.md", render(inputs, facts))
     mapping = best_yaml(inputs, facts)
     if mapping is not None:
         write_best(out, mapping)
     removed = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed_best else ""
     return f"{facts.summary}\nreport: {out / 'report.md'}{removed}"
+
+
+# What report.md says of where it comes from: its title names the study, its Reproduce section the storage.
+REPORT_TITLE = re.compile(r"\A# Study `([^`\n]+)`")
+REPORT_STORAGE = re.compile(r"^The storage \((.*)\) is not committed\.", re.M)
+BEST_NOTES = re.compile(r"\Astudy (\S+), trial ")
+
+
+def report_origin(out: Path) -> tuple[str | None, str | None] | None:
+    """(study name, storage as shown) of the report in `out`, read from its report.md (else from best.yaml's notes:
+    the name only); None when the folder holds neither; a None inside when the file does not say."""
+    report, best = out / "report.md", out / "best.yaml"
+    if report.exists() or report.is_symlink():
+        text = read_bytes(report, StudyError, "report").decode("utf-8", "replace")
+        title, where = REPORT_TITLE.match(text), REPORT_STORAGE.search(text)
+        return (title.group(1) if title else None, where.group(1) if where else None)
+    if best.exists() or best.is_symlink():
+        text = read_bytes(best, StudyError, "best.yaml").decode("utf-8", "replace")
+        try:
+            notes = yaml.safe_load(text).get("notes", "")
+        except (yaml.YAMLError, AttributeError):
+            notes = ""
+        found = BEST_NOTES.match(notes) if isinstance(notes, str) else None
+        return (found.group(1) if found else None, None)
+    return None
+
+
+def check_report_folder(out: Path, name: str, storage: str, force: bool) -> None:
+    """Before any work: a report folder that holds the report of another study, or of this study in another storage,
+    is not written over (its best.yaml would be replaced, or removed, by a stranger's) unless `force`."""
+    origin = report_origin(out)
+    if origin is None or force:
+        return
+    study, where = origin
+    if study is None:
+        raise StudyError(
+            f"--out {out} holds a report that does not say which study made it; give another --out, or --force to "
+            "write over it"
+        )
+    if study != name or (where is not None and not same_storage(where, storage)):
+        shown = f" in {where}" if where is not None else ""
+        raise StudyError(
+            f"--out {out} holds the report of study {study}{shown}, not of {name} in {redacted(storage)}; give "
+            "another --out, or --force to write over it"
+        )

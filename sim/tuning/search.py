@@ -21,6 +21,7 @@ from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
 from sim.core.errors import ConfigError, ProfileError, UserError
+from sim.core.io import naming
 from sim.core.stops import STOPS
 from sim.rows.replay import ReplayRow
 from sim.tuning import optuna_private
@@ -30,6 +31,7 @@ from sim.tuning.locks import TrialGate
 from sim.tuning.spec import StudySpec, baseline_params, load_spec
 from sim.tuning.storage import open_storage
 from sim.tuning.storage_errors import reading
+from sim.tuning.storage_url import storage_file
 from sim.tuning.validation import studies, training
 
 GATE_MARGIN = 64  # the last trials before a cap are created one worker at a time; see ask_below
@@ -323,9 +325,11 @@ def _worker_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops its workers; a Ctrl-C kept pending is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent)  # until its trials start, SIGTERM ends a worker outright: it has written nothing yet
+    local = storage_file(storage_url)
     try:
         spec, matrix = study_for(load_spec(spec_path), fold)
-        work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, WorkerTally(conn))
+        with naming(local) if local else contextlib.nullcontext():  # a full disk's error names the storage file
+            work(spec, matrix, storage_url, limits, seed, heartbeat_s, sleep_s, WorkerTally(conn))
     except KeyboardInterrupt:  # SIGTERM: end as killed by it, so the parent reports what stopped this worker
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -17,6 +17,8 @@ import fnmatch
 import glob
 import hashlib
 import random
+import re
+import shlex
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 
 from policies import policy_class
 from sim.core.errors import ConfigError, StudyError
-from sim.core.io import decode_text, parse_yaml, read_bytes
+from sim.core.io import decode_text, name_max, parse_yaml, read_bytes
 from sim.core.params import KeyLines, LoopParams, check_range, coerce, fields_of, value_type
 from sim.core.protocols import Governor
 from sim.drafters.registry import KEY as DRAFTER_KEY
@@ -32,6 +34,7 @@ from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterFamily, drafter_class
 from sim.engine.costs import bundled_profiles
 from sim.rows.config import PolicyConfig, make_config
+from sim.tuning.storage_url import check_form, storage_file
 
 OBJECTIVES = {
     "geomean_speedup": "geometric mean of the speedup over every trace x profile row (groups weighted)",
@@ -82,9 +85,24 @@ def default_storage(name: str) -> str:
     return f"sqlite:///{RUNS}/{name}.db"
 
 
-def default_out(name: str) -> Path:
-    """Where `python -m sim.tune` writes a study's report without --out: runs/<name>/."""
-    return Path(RUNS) / name
+# What a study's name becomes in file names, beyond the name itself: the longest are the lock file of the journal
+# --workers uses (runs/NAME.journal.log.writer.flock) and a fold's figure from sim.plot (NAME.fold-K_importances.png,
+# K up to 4 digits). A name must leave room for them in one path component.
+NAME_RESERVE_BYTES = max(len(".journal.log.writer.flock"), len(".fold-9999_importances.png"))
+REPORT_SUFFIX = ".report"  # the report folder of a storage file without an extension: FILE.report/ beside it
+
+
+def default_out(name: str, storage: str | None = None) -> Path:
+    """Where `python -m sim.tune` writes a study's report without --out: beside the storage file it reports on,
+    named as that file without its extension (sqlite:///runs/NAME.db, the default storage -> runs/NAME/; the
+    journal --workers uses, runs/NAME.journal.log -> runs/NAME.journal/; sqlite:///x/y.db -> x/y/), so two
+    storages never share a report folder; runs/<name>/ for a database server (or no storage given)."""
+    local = storage_file(storage) if storage is not None else None
+    if not local:
+        return Path(RUNS) / name
+    path = Path(local)
+    folder = path.with_suffix("") if path.suffix else path.with_name(path.name + REPORT_SUFFIX)
+    return folder
 
 
 @dataclass(frozen=True)
@@ -221,6 +239,9 @@ class StudySpec:
     robust: Robust = Robust()
     bootstrap: Bootstrap = Bootstrap()
     confirm: ConfirmPlan = ConfirmPlan()
+    # The spec's trace globs as written, group by group (sorted by name; one group `all` for a plain list), so a
+    # report can name the traces as the spec did instead of listing every file.
+    trace_globs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         """Every searched parameter for one trial, from fixed ranges (multivariate TPE needs a static space).
@@ -347,13 +368,17 @@ def _globs(r: _Reader, raw: Any, *key: str) -> tuple[str, ...]:
     return tuple(sorted(set(found)))
 
 
-def _traces(r: _Reader, raw: Any) -> tuple[tuple[str, ...], tuple[TraceGroup, ...]]:
-    """(every trace, sorted; the groups, sorted by name, or () for a plain list of globs)."""
+def _traces(
+    r: _Reader, raw: Any
+) -> tuple[tuple[str, ...], tuple[TraceGroup, ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """(every trace, sorted; the groups, sorted by name, or () for a plain list of globs; each group's globs as the
+    spec writes them)."""
     if not isinstance(raw, dict):
-        return _globs(r, raw, "traces"), ()
+        return _globs(r, raw, "traces"), (), ((DEFAULT_GROUP, tuple(raw)),)
     if not raw:
         raise r.fail("traces must be a non-empty list of globs or a mapping of groups", "traces")
     groups = []
+    patterns: list[tuple[str, tuple[str, ...]]] = []
     owner: dict[str, str] = {}
     for name, entry in sorted(raw.items(), key=lambda kv: str(kv[0])):
         if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
@@ -382,12 +407,13 @@ def _traces(r: _Reader, raw: Any) -> tuple[tuple[str, ...], tuple[TraceGroup, ..
                     )
             entry = entry["files"]
         files = _globs(r, entry, "traces", name)
+        patterns.append((name, tuple(entry)))
         for path in files:
             if path in owner:
                 raise r.fail(f"traces: {path} is in both groups {owner[path]!r} and {name!r}", "traces", name)
             owner[path] = name
         groups.append(TraceGroup(name, files, weight))
-    return tuple(sorted(owner)), tuple(groups)
+    return tuple(sorted(owner)), tuple(groups), tuple(patterns)
 
 
 def _units(by: str, traces: tuple[str, ...], groups: tuple[TraceGroup, ...], profiles: tuple[str, ...]) -> list[str]:
@@ -515,9 +541,7 @@ def load_spec(path: str | Path) -> StudySpec:
     for key in ("name", "policy", "traces", "profiles"):
         if key not in raw:
             raise r.fail(f"missing {key!r} ({KEYS[key]})")
-    name = raw["name"]
-    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
-        raise r.fail(f"name must be a word of letters, digits, _ and -, got {name!r}", "name")
+    name = _name(r, raw["name"])
     cls = _policy(r, raw["policy"])
     owners = {**{k: cls.Params for k in fields_of(cls.Params)}, **{k: LoopParams for k in fields_of(LoopParams)}}
     drafter = _drafter(r, raw.get("drafter"))
@@ -571,11 +595,9 @@ def load_spec(path: str | Path) -> StudySpec:
         timeout = float(_number(r, timeout, "timeout (seconds)", "timeout", low=0, high=MAX_TIMEOUT_S))
         if timeout == 0:
             raise r.fail("timeout must be a positive number of seconds (leave it out for no limit), got 0", "timeout")
-    storage = raw.get("storage") or default_storage(name)
-    if not isinstance(storage, str) or not storage.strip():
-        raise r.fail(f"storage must be a URL or a journal file path, got {storage!r}", "storage")
+    storage = _storage(r, raw.get("storage") or default_storage(name))
 
-    traces, groups = _traces(r, raw["traces"])
+    traces, groups, trace_globs = _traces(r, raw["traces"])
     profiles = _profiles(r, raw["profiles"])
     spec = StudySpec(
         name=name,
@@ -600,9 +622,37 @@ def load_spec(path: str | Path) -> StudySpec:
         robust=_section(r, raw.get("robust"), "robust"),
         bootstrap=_section(r, raw.get("bootstrap"), "bootstrap"),
         confirm=_section(r, raw.get("confirm"), "confirm"),
+        trace_globs=trace_globs,
     )
     _check_baseline_in_space(r, spec)
     return spec
+
+
+def _name(r: _Reader, name: Any) -> str:
+    """The study's name: a word (no separator, no NUL, no '.': NAME.fold-K is a fold's study) that fits in file
+    names here. It becomes file names (its storage, lock files, report folder, fold figures): one too long for the
+    file system would fail after part of the output was written."""
+    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
+        raise r.fail(f"name must be a word of letters, digits, _ and -, got {name!r}", "name")
+    size = len(name.encode("utf-8"))
+    limit = name_max(".") - NAME_RESERVE_BYTES
+    if size > limit:
+        raise r.fail(
+            f"name is {size} bytes; a study's name becomes file names such as runs/NAME.journal.log.writer.flock "
+            f"and NAME.fold-K_importances.png, so it may have at most {limit} bytes here",
+            "name",
+        )
+    return name
+
+
+def _storage(r: _Reader, storage: Any) -> str:
+    if not isinstance(storage, str) or not storage.strip():
+        raise r.fail(f"storage must be a URL or a journal file path, got {storage!r}", "storage")
+    try:
+        check_form(storage)  # a form that could mean two things, refused at the spec's line
+    except StudyError as err:
+        raise r.fail(f"storage: {err}", "storage") from None
+    return storage
 
 
 def _drafter(r: _Reader, raw: Any) -> type[DrafterFamily] | None:
@@ -646,6 +696,28 @@ def check_widths(spec: StudySpec, widest: float) -> None:
                 "search_space",
                 "max_draft",
             )
+
+
+SHELL_PLAIN = re.compile(r"[\w@%+=:,./-]")  # characters a POSIX shell reads as themselves, unquoted
+GLOB_CHARS = "*?[]"  # what glob.glob and the shell both expand; left unescaped so the shell expands them
+
+
+def shell_glob(pattern: str) -> str:
+    """A spec's glob as a shell word the shell expands to the files glob.glob found: every character the shell
+    would read otherwise (a space, a quote, `$`, `{`, `~`) escaped, the wildcards left as they are."""
+    return "".join(ch if ch in GLOB_CHARS or SHELL_PLAIN.fullmatch(ch) else "\\" + ch for ch in pattern)
+
+
+def trace_arguments(spec: StudySpec, traces: typing.Collection[str] | None = None) -> str:
+    """The spec's traces as a command's arguments, for a report to print: its globs as it writes them, unquoted
+    (the shell expands them, so the command runs as written), when they name `traces` (default: every trace of
+    the spec) and each exactly once; else every path, quoted where it must be (sim.replay refuses a trace twice)."""
+    wanted = set(spec.traces if traces is None else traces)
+    patterns = [p for _, group in spec.trace_globs for p in group]
+    found = [path for p in patterns for path in glob.glob(p)]
+    if patterns and len(found) == len(set(found)) and set(found) == wanted:
+        return " ".join(shell_glob(p) for p in patterns)
+    return " ".join(shlex.quote(path) for path in sorted(wanted))
 
 
 def baseline_params(spec: StudySpec) -> dict[str, Any] | None:

@@ -48,6 +48,7 @@ from sim.tuning.locks import (
 from sim.tuning.storage_checks import DRIVERS, MAX_JOURNAL_LINE, MAX_STORAGE_BYTES, check_storage, scan_journal
 from sim.tuning.storage_errors import JOURNAL_ERRORS, RDB_ERRORS, reading, sqlite_error, storage_error
 from sim.tuning.storage_url import is_url, parallel_storage, redacted, sqlite_file, storage_file, storage_kind
+from sim.tuning.validation import fold_parent
 
 __all__ = [  # this module's own names and those of the modules beside it, where importers have always found them
     "DRIVERS",
@@ -66,9 +67,11 @@ __all__ = [  # this module's own names and those of the modules beside it, where
     "heartbeat",
     "is_url",
     "lock_path",
+    "main_study",
     "open_lock_file",
     "open_storage",
     "open_study",
+    "open_study_and_folds",
     "parallel_storage",
     "reading",
     "redacted",
@@ -140,8 +143,21 @@ def storage_in(folder: Path) -> str:
     return str(found[0]) if found[0].name.endswith(".journal.log") else f"sqlite:///{found[0].resolve()}"
 
 
-def open_study(storage: str, name: str | None) -> optuna.Study:
-    """optuna.load_study on a storage URL or a journal file path, with one-line errors; never creates a file."""
+def main_study(names: list[str], where: str) -> str:
+    """The study a storage is about when none is named: its only study, or the one study whose held-out folds
+    (NAME.fold-K, sim/tuning/validation.py) are all the others, as one sim.tune spec leaves them. Several unrelated
+    studies are one error line listing them."""
+    if len(names) == 1:
+        return names[0]
+    mains = [n for n in names if fold_parent(n) is None]
+    if len(mains) == 1 and all(fold_parent(n) == mains[0] for n in names if n != mains[0]):
+        return mains[0]
+    raise StudyError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'}); pick one with --study")
+
+
+def open_study_and_folds(storage: str, name: str | None) -> tuple[optuna.Study, list[str]]:
+    """open_study, and the names of the held-out fold studies of the study opened that the storage also holds
+    (sorted by fold number)."""
     where = redacted(storage)  # errors never print a database password
     check_storage(storage, writing=False)
     opened: str | optuna.storages.BaseStorage = storage
@@ -150,11 +166,17 @@ def open_study(storage: str, name: str | None) -> optuna.Study:
             opened = JournalStorage(JournalFileBackend(storage))
     with reading(storage):
         names = optuna.get_all_study_names(opened)
-    if name is None and len(names) != 1:
-        raise StudyError(f"{where} holds {len(names)} studies ({', '.join(names) or 'none'}); pick one with --study")
     if name is not None and name not in names:
         raise StudyError(f"{where} has no study {name!r}; it holds: {', '.join(names) or 'none'}")
+    chosen = name if name is not None else main_study(names, where)
     with reading(storage):
-        study = optuna.load_study(study_name=name or names[0], storage=opened)
+        study = optuna.load_study(study_name=chosen, storage=opened)
         study.get_trials(deepcopy=False)  # every trial read once here, so a damaged one fails at the boundary
-    return study
+    folds = sorted((n for n in names if fold_parent(n) == chosen), key=lambda n: int(n.rpartition("-")[2]))
+    return study, folds
+
+
+def open_study(storage: str, name: str | None) -> optuna.Study:
+    """optuna.load_study on a storage URL or a journal file path, with one-line errors; never creates a file.
+    Without a name, the storage's main study (main_study)."""
+    return open_study_and_folds(storage, name)[0]

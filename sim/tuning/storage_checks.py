@@ -13,10 +13,11 @@ from urllib.parse import quote
 import sqlalchemy
 
 from sim.core.errors import StudyError
-from sim.tuning.locks import check_lock_file, lock_path
+from sim.core.io import check_writable_file
+from sim.tuning.locks import LOCK_SUFFIX, check_lock_file, lock_path
 from sim.tuning.optuna_private import JournalOperation
 from sim.tuning.storage_errors import NOT_JOURNAL, sqlite_error
-from sim.tuning.storage_url import is_url, redacted, storage_file, storage_kind
+from sim.tuning.storage_url import check_form, is_url, redacted, storage_file, storage_kind
 
 MAX_STORAGE_BYTES = 1 << 30  # as for every other input: a storage file larger than this is refused up front
 MAX_JOURNAL_LINE = 1 << 24  # one journal record; optuna's are a few hundred bytes, a trial's rows a few kB
@@ -26,12 +27,17 @@ DRIVERS = {  # the Python module an SQLAlchemy URL needs -> how to install it
     "MySQLdb": "pip install mysqlclient",
     "pymysql": "pip install pymysql",
 }
+# What SQLite and the locks put beside a storage file: its name with the longest of these must fit the file system.
+SIDECARS = (*LOCK_SUFFIX.values(), "-journal", "-wal", "-shm")
 
 
 def check_storage(storage: str, *, writing: bool) -> None:
     """Everything about a storage that can be known without writing: the URL and its driver, the kind of file
     behind it, a journal's records, the lock files. One StudyError naming the storage and what to do; nothing is
-    created (tune calls this before its first file, plot before opening)."""
+    created (tune calls this before its first file, plot before opening). When writing, the file's folder must take
+    new files (not read-only, not full) and an existing file must be writable, so that no trial runs for a storage
+    that cannot keep it."""
+    check_form(storage)
     where = redacted(storage)
     if is_url(storage):
         _check_url(storage, where)
@@ -61,6 +67,7 @@ def check_storage(storage: str, *, writing: bool) -> None:
         what = "journal file" if storage_kind(storage) == "journal" else "SQLite file"
         raise StudyError(f"{path}: no such {what}")
     if writing:
+        check_writable_file(path, "storage", max(SIDECARS, key=len))
         for role in ("writer", "gate") if storage_kind(storage) == "journal" else ("gate",):
             check_lock_file(lock_path(path, role))
 

@@ -10,13 +10,23 @@ the study NAME itself trains on the rest and is scored on the held-out rows.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from sim.tuning.evaluation import MatrixEvaluator
 from sim.tuning.spec import Fold, StudySpec
 
+FOLD_MARK = ".fold-"  # a spec's name has no '.', so NAME.fold-K can only be a fold's study
+FOLD_NAME = re.compile(rf"^(.+){re.escape(FOLD_MARK)}(0|[1-9][0-9]*)$")
+
 
 def fold_name(spec: StudySpec, fold: Fold) -> str:
-    return f"{spec.name}.fold-{fold.number}"
+    return f"{spec.name}{FOLD_MARK}{fold.number}"
+
+
+def fold_parent(study_name: str) -> str | None:
+    """The spec's study whose fold `study_name` is (NAME for NAME.fold-K), or None for a study that is no fold."""
+    found = FOLD_NAME.match(study_name)
+    return found.group(1) if found else None
 
 
 def studies(spec: StudySpec) -> list[tuple[StudySpec, Fold | None]]:
