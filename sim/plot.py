@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sim import cli
 from sim.core.errors import PlotError
-from sim.core.io import check_writable_folder, refuse_inputs_as_outputs
+from sim.core.io import check_file_name, check_writable_folder, refuse_inputs_as_outputs
 from sim.figures.style import DPI, MAX_DPI, MIN_DPI, file_part
 from sim.rows.rounds import read_rounds
 
@@ -117,6 +117,8 @@ def _plot(args: argparse.Namespace) -> int:
         except PlotError as err:
             raise PlotError(f"{args.rounds_file}: {err}") from None
         outputs = [out / f"{prefix}_{name}.png" for prefix in prefixes for name in FIGURES]
+        for path in outputs:  # a trace or profile name too long for a file name fails here, before any drawing
+            check_file_name(path, "--out")
         refuse_inputs_as_outputs(outputs, [args.rounds_file], "--out")
         written = write_round_figures(runs, out, args.dpi)
     else:
@@ -133,6 +135,8 @@ def _plot(args: argparse.Namespace) -> int:
         if baseline is not None and 0 < held <= baseline:  # a typo would quietly draw the best trial alone
             raise PlotError(f"--baseline-trial {baseline}: study {study.study_name} has trials 0..{held - 1}")
         outputs = [out / f"{file_part(study.study_name)}_{kind}.png" for kind in STUDY_FIGURES]
+        for path in outputs:  # a study named by another program may be too long for a file name
+            check_file_name(path, "--out")
         refuse_inputs_as_outputs(outputs, [file for file in [storage_file(storage)] if file], "--out")
         written, notes = write_study_figures(study, out, args.dpi, baseline)
         if folds:  # a study with held-out validation: its folds' studies sit beside it (docs/tuning.md, section 3)

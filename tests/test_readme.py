@@ -68,6 +68,15 @@ def test_the_readme_shows_commands_to_run():
         assert module in joined
 
 
+def test_the_readme_plots_the_study_its_tune_commands_made_without_naming_it():
+    """The tuning commands, then `sim.plot study` on the storage they fill (the study and its four fold studies):
+    run in this order in one fresh copy below, the plot finds the main study by itself, without --study."""
+    tune = COMMANDS.index("python -m sim.tune studies/gated_gb10.yaml --n-trials 10")
+    plot = COMMANDS.index("python -m sim.plot study --storage sqlite:///runs/gated_gb10.db")
+    assert tune < plot
+    assert not any("sim.plot study" in command and "--study " in command for command in COMMANDS)
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repository's files as a clone would have them once the working tree is committed (tracked files and

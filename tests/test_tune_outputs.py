@@ -489,3 +489,15 @@ def test_plot_refuses_a_read_only_out_before_drawing(tmp_path):
     plot = f"{sys.executable} -m sim.plot study --storage sqlite:///runs/tiny.db --out place/figs"
     done = in_namespace(f"mount -t tmpfs -o ro tmpfs place && {plot}", tmp_path)
     assert one_error_line(done) == "error: --out place/figs: no file can be written in place (Read-only file system)"
+
+
+def test_plot_refuses_a_study_name_too_long_for_its_figures_before_drawing(tmp_path, capsys):
+    """A study another program named with 250 characters: its figure STUDY_importances.png cannot exist; one line
+    says so before any figure is drawn, and nothing is written."""
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.create_study(study_name="x" * 250, storage=storage)
+    study.optimize(lambda trial: trial.suggest_float("a", 0, 1), n_trials=2)
+    assert plot_main(["study", "--storage", storage, "--out", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is 262 bytes, more than the 255 a file name may have" in err
+    assert not (tmp_path / "figs").exists()
