@@ -129,7 +129,7 @@ SPEC_VALUES = [
     ),
     (
         "holdout-nothing",
-        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, holdout: ['*x*']}"],
+        replaced(6, f"traces: [{EMAIL}, {EDIT}]") + ["validation: {by: trace, holdout: ['*no-such-trace*']}"],
         9,
         "matches no trace",
     ),
