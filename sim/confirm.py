@@ -107,7 +107,8 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
 
     require_torch("python -m sim.confirm")
     from sim.hardware.confirm import confirm, markdown, summary
-    from sim.hardware.model import model_from_args, model_limits, versions
+    from sim.hardware.loading import model_from_args, model_limits
+    from sim.hardware.model import versions
 
     limits = model_limits(args)  # from the configuration: traces the model cannot run are refused before loading
     for trace, cap in zip(traces, caps, strict=True):

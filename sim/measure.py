@@ -175,8 +175,8 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
     steps, lengths = _check(args)
     contexts = _contexts(args)
     require_torch("python -m sim.measure")
+    from sim.hardware.loading import model_from_args, model_limits
     from sim.hardware.measure import measure, profile_data, write_profile
-    from sim.hardware.model import model_from_args, model_limits
 
     limits = model_limits(args)
     if limits.positions is not None:

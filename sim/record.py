@@ -91,7 +91,8 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
     check_outputs(outputs, [], "--out", force=True)
 
     require_torch("python -m sim.record")
-    from sim.hardware.model import model_from_args, model_limits, versions
+    from sim.hardware.loading import model_from_args, model_limits
+    from sim.hardware.model import versions
     from sim.hardware.prompts import encode
     from sim.hardware.record import record_one
 

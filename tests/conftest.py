@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,3 +76,23 @@ def assert_refused(outcome: Outcome, *fragments: str) -> None:
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file below `folder` with its bytes, to show that a refused command wrote nothing."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------- the real trained model (fetched once)
+
+SMOL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory) -> tuple[Path, float]:
+    """The real SmolLM2 checkpoint, fetched into $DRAFTLAB_CACHE when it is set (once per machine), else into a
+    session folder; with how long the fetch took. Its cache is the checkpoint folder's grandparent."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from sim.hardware import catalog
+
+    own = os.environ.get("DRAFTLAB_CACHE", "").strip()
+    cache = Path(own) if own else tmp_path_factory.mktemp("draftlab-cache")
+    started = time.monotonic()
+    folder = catalog.fetch(SMOL, cache)
+    return folder, time.monotonic() - started

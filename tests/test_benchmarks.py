@@ -330,6 +330,87 @@ def test_closed_loop_records_the_load_and_a_verdict(tmp_path):
     assert out.rstrip().splitlines()[-1].startswith("wrote ")
 
 
+@pytest.mark.slow
+def test_recorded_corpus_reports_every_group_and_repeats_byte_for_byte(tmp_path):
+    """Replay only: per profile a row per recorded group (the bundled prompts and the six Spec-Bench categories)
+    and `all`, the written and recorded replies of the bundled prompts side by side; the same bytes twice."""
+    before = _results_status()
+    args = ["--out", "rc.json"]
+    texts = []
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        out, _ = _run("recorded_corpus.py", args, tmp_path / run)
+        assert sorted(p.name for p in (tmp_path / run).iterdir()) == ["rc.json", "rc.md"]
+        assert out.rstrip().splitlines()[-1].startswith("wrote ")
+        texts.append((tmp_path / run / "rc.json").read_text())
+    assert texts[0] == texts[1]
+    result = json.loads(texts[0])
+    assert result["command"] == f"python benchmarks/recorded_corpus.py {shlex.join(args)}"
+    groups = {"bundled", "multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag", "all"}
+    for profile, rows in result["per_group"].items():
+        assert set(rows) == groups, profile
+        assert rows["all"]["traces"] == 65 == sum(r["traces"] for g, r in rows.items() if g != "all")
+        for row in rows.values():
+            assert row["oracle_geomean"] >= max(row["fixed_geomean"], row["gated_geomean"]) - 1e-12
+            assert 0 <= row["fixed_accepted"] <= row["fixed_proposed"]
+    assert set(next(iter(result["bundled_prompts"].values()))) == {"written", "recorded"}
+    assert _results_status() == before
+
+
+def _smol_env(smol: tuple[Path, float]) -> dict[str, str]:
+    """The benchmarks' environment with the session's SmolLM2 cache."""
+    return {**_env(), "DRAFTLAB_CACHE": str(smol[0].parent.parent)}
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.model
+def test_closed_loop_real_smoke_run(smol, tmp_path):
+    """SmolLM2 decoding for itself, one prompt per group, two repetitions of 12 tokens: every row measured and
+    predicted, parity and the trace's tokens checked, the parity-risk table and a verdict, the files written."""
+    args = ["--per-group", "1", "--reps", "2", "--max-tokens", "12", "--out", "clr.json"]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "closed_loop_real.py"), *args],
+        cwd=tmp_path, env=_smol_env(smol), capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clr.json", "clr.md"]
+    result = json.loads((tmp_path / "clr.json").read_text())
+    assert result["command"] == f"python benchmarks/closed_loop_real.py {shlex.join(args)}"
+    assert result["model"]["catalog"] == "smollm2-135m-instruct" and not result["scripted"]
+    rows = result["rows"]
+    assert len(rows) == 7 * 4 and {r["arm"] for r in rows} == {"plain", "graded", "gated", "goodput"}
+    assert all(r["generated_tokens"] <= 12 and len(r["speedup_reps"]) == 2 and "matches_trace" in r for r in rows)
+    s = result["summary"]
+    assert set(s["parity_risk"]["by_policy"]) == {"graded", "gated", "goodput"}
+    assert s["verdict"] in ("fidelity", "noise-bound") and "faithful_median_abs_error_points" in s
+    assert re.search(rf"^{s['verdict']}: ", done.stdout, flags=re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.model
+def test_tune_then_confirm_smoke_run_on_the_committed_study(smol, tmp_path):
+    """The committed study's best against shipped gated on one prompt of each held-out group, two repetitions of
+    8 tokens: the predicted held-out gain with its interval, the measured one, a verdict and both rankings."""
+    args = ["--study", str(ROOT / "studies" / "gated_smollm2_cpu"), "--per-group", "1", "--reps", "2",
+            "--max-tokens", "8", "--out", "ttc.json"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "tune_then_confirm.py"), *args],
+        cwd=tmp_path, env=_smol_env(smol), capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ttc.json", "ttc.md"]
+    result = json.loads((tmp_path / "ttc.json").read_text())
+    assert result["held_out"]["groups"] == ["summarization", "translation"]
+    assert len(result["confirmed_traces"]) == 2 and len(result["held_out"]["traces"]) == 20
+    p, m = result["predicted"], result["measured"]
+    assert p["low"] <= p["gain"] <= p["high"] and p["rows"] == 20
+    assert m["verdict"] in ("confirmed", "refuted", "unresolved") and m["low"] <= m["gain"] <= m["high"]
+    labels = {"gated", "tuned gated", "graded", "goodput"}
+    assert set(p["ranking"]) == set(m["ranking"]) == labels
+
+
 # ------------------------------------------------------------------------------------------- the shared helpers
 
 

@@ -319,19 +319,6 @@ def test_the_catalog_imports_without_torch():
 # ---------------------------------------------------------------- the real model (fetched once)
 
 
-@pytest.fixture(scope="session")
-def smol(tmp_path_factory) -> tuple[Path, float]:
-    """The real checkpoint, fetched into $DRAFTLAB_CACHE when it is set (once per machine), else into a session
-    folder; with how long the fetch took."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    own = os.environ.get("DRAFTLAB_CACHE", "").strip()
-    cache = Path(own) if own else tmp_path_factory.mktemp("draftlab-cache")
-    started = time.monotonic()
-    folder = catalog.fetch(NAME, cache)
-    return folder, time.monotonic() - started
-
-
 @pytest.mark.model
 @pytest.mark.slow
 def test_the_real_checkpoint_carries_its_hashes_and_a_second_fetch_is_a_no_op(smol):
@@ -404,3 +391,24 @@ def test_the_recorder_runs_the_real_checkpoint_to_its_eos(smol, tmp_path):
     trace = read_trace(tmp_path / "out" / "capital.jsonl")
     assert trace.header["stop"] == "eos" and trace.header["eos_token_ids"] == [2]
     assert trace.header["model"] == NAME and 2 not in trace.tokens and len(trace.tokens) < 32  # EOS ends it, unwritten
+
+
+def test_a_catalog_name_as_model_protects_its_cache_entry_files(monkeypatch, tmp_path):
+    """`--model smollm2-135m-instruct`: the files of its cache entry are inputs no output may replace; before the
+    first fetch there are none, and a path of that name here is refused as ambiguous (resolve's test)."""
+    import argparse
+
+    from sim.hardware.options import model_files
+
+    monkeypatch.setenv("DRAFTLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(model=NAME)
+    assert model_files(args) == []
+    folder = tmp_path / "cache" / "models" / NAME
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert model_files(args) == [folder / "config.json"]
+    local = tmp_path / "mine"
+    local.mkdir()
+    (local / "model.safetensors").write_bytes(b"w")
+    assert model_files(argparse.Namespace(model=str(local))) == [local / "model.safetensors"]

@@ -318,6 +318,52 @@ def test_confirm_with_model_tokens_checks_parity_with_the_recorded_trace(profile
     assert all(r["counters_match"] and r["counters"]["accepted"] > 0 for r in rows[1:])
 
 
+def test_confirm_reports_where_the_model_left_the_trace_and_the_margin_there(profile, tmp_path, capsys):
+    """A recorded trace with one token changed at index 12 (and its margin set to 0.25): the model, decoding for
+    itself, leaves that trace exactly there in every arm and repetition. Each row says so, with the trace's margin at
+    the flip; no counters are compared against a replay of a text the runs did not write; replay's risk count is
+    beside it."""
+    prompt = tmp_path / "repeats.jsonl"
+    write_trace(prompt, {"prompt_tokens": [5, 6, 7, 8] * 8, "stop": "max_tokens"}, [1])
+    assert record.main([str(prompt), "--out", str(tmp_path / "rec"), "--max-tokens", "40", *MODEL]) == 0
+    recorded = read_trace(str(tmp_path / "rec" / "repeats.jsonl"))
+    tokens, margins = list(recorded.tokens), list(recorded.margins)
+    tokens[12] = (tokens[12] + 1) % 50  # not what the model emits there
+    margins[12] = 0.25
+    changed = tmp_path / "changed.jsonl"
+    write_trace(changed, {**recorded.header, "name": "changed"}, tokens, margins)
+    out = tmp_path / "confirm"
+    argv = [str(changed), "--profile", str(profile), "--policies", "fixed", "--reps", "2", "--out", str(out), *MODEL]
+    assert confirm.main(argv) == 0, capsys.readouterr().err
+    result = json.loads((out / "confirm.json").read_text())
+    rows = result["rows"]
+    for row in rows:
+        assert row["parity"] and not row["matches_trace"] and row["diverged_reps"] == 2
+        assert (
+            row["divergences"]
+            == [{"index": 12, "trace_token": tokens[12], "run_token": recorded.tokens[12], "margin": 0.25}] * 2
+        )
+    fixed = rows[1]
+    assert fixed["counters_compared"] == 0 and fixed["counters_match"]  # nothing faithful to compare
+    assert fixed["risk_margin"] == 0.5 and fixed["risky_verifies"] >= 0
+    assert result["summary"]["diverged_rows"] == 2
+    assert "left the trace in 2/2 reps, at token 12, margin 0.25" in (out / "confirm.md").read_text()
+
+
+def test_divergence_names_the_first_differing_token_or_the_shorter_end():
+    from sim.hardware.confirm import divergence
+
+    trace = types.SimpleNamespace(margins=(3.0, 0.1, 2.0))
+    assert divergence(trace, [1, 2, 3], [1, 9, 3]) == {"index": 1, "trace_token": 2, "run_token": 9, "margin": 0.1}
+    assert divergence(trace, [1, 2, 3], [1, 2]) == {"index": 2, "trace_token": 3, "run_token": None, "margin": 2.0}
+    assert divergence(trace, [1, 2, 3], [1, 2, 3, 4]) == {
+        "index": 3,
+        "trace_token": None,
+        "run_token": 4,
+        "margin": None,
+    }
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [

@@ -191,7 +191,8 @@ def test_command_line_names_match_the_models_and_limits_come_from_the_configurat
     model's vocabulary and positions are read from its configuration without building it."""
     import argparse
 
-    from sim.hardware.model import ARCHS, DTYPES, model_limits
+    from sim.hardware.loading import model_limits
+    from sim.hardware.model import ARCHS, DTYPES
     from sim.hardware.options import ARCH_NAMES, DTYPE_NAMES
 
     assert tuple(ARCHS) == ARCH_NAMES and tuple(DTYPES) == DTYPE_NAMES

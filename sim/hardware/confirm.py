@@ -207,26 +207,52 @@ def _rows(
             # every repetition, every arm: the very tokens plain decoding emitted
             "parity": all(r.tokens == plain_tokens for r in results),
         }
+        expected = list(trace.tokens[:cap] if cap is not None else trace.tokens)
+        # The runs that emitted exactly the trace's tokens (with --scripted, every run): replay predicts those
+        # runs' counters exactly. A free-running model that flips a near-tie in a multi-token verify writes
+        # another text from there on, which no replay of this trace describes.
+        faithful = [r for r in results if scripted or r.tokens == expected]
         if not scripted:
-            expected = list(trace.tokens[:cap] if cap is not None else trace.tokens)
-            row["matches_trace"] = all(r.tokens == expected for r in results)
+            row["matches_trace"] = len(faithful) == len(results)
+            row["diverged_reps"] = len(results) - len(faithful)
+            row["divergences"] = [divergence(trace, expected, r.tokens) for r in results if r.tokens != expected]
         config = arm.config or make_config("off", {})  # plain: only its predicted time is used
         predicted = replay(trace, config, profile, max_tokens=max_tokens, model=recurrence_timing)
         if arm.config is None:
             row["predicted_speedup"] = 1.0
             row["predicted_ms"] = predicted.plain_time_ms
         else:
-            counters = [dataclasses.asdict(r.counters) for r in results if r.counters is not None]
+            counters = [dataclasses.asdict(r.counters) for r in faithful if r.counters is not None]
             replayed = dataclasses.asdict(predicted.counters)
-            row["counters"] = counters[0]
+            row["counters"] = dataclasses.asdict(results[0].counters) if results[0].counters else None
             row["counters_replay"] = replayed
             row["counters_match"] = all(c == replayed for c in counters)  # the loop is shared: must be equal
+            row["counters_compared"] = len(counters)
             row["predicted_speedup"] = predicted.speedup
             row["predicted_ms"] = predicted.time_ms
+            # the parity risk replay predicts: drafted verifies that emit a token whose margin is under the
+            # threshold (docs/parity-risk.md); a real flip should land on such a token
+            row["risk_margin"] = predicted.risk_margin
+            row["risky_verifies"] = predicted.risky_verifies
         row["error_points"] = 100.0 * (row["speedup"] - row["predicted_speedup"])
         row["time_error_pct"] = 100.0 * (row["ms_median"] / row["predicted_ms"] - 1.0)
         out.append(row)
     return out
+
+
+def divergence(trace: Trace, expected: list[int], tokens: list[int]) -> dict[str, Any]:
+    """Where a run's tokens first differ from the trace's: the index, both tokens (None past an end), and the
+    trace's top-1 minus top-2 logit margin there (None when the trace has no margins or the run ran past it)."""
+    index = next((i for i, (a, b) in enumerate(zip(expected, tokens, strict=False)) if a != b), None)
+    if index is None:  # one is a prefix of the other: the shorter stopped early (an EOS flipped, or was flipped)
+        index = min(len(expected), len(tokens))
+    margin = trace.margins[index] if index < len(trace.margins) else None
+    return {
+        "index": index,
+        "trace_token": expected[index] if index < len(expected) else None,
+        "run_token": tokens[index] if index < len(tokens) else None,
+        "margin": margin,
+    }
 
 
 def paired(rows: list[dict[str, Any]], arms: list[Arm], control: str) -> dict[str, Any]:
@@ -289,6 +315,7 @@ def summary(rows: list[dict[str, Any]], arms: list[Arm], control: str = PLAIN) -
         "max_abs_error_points": max(errors) if errors else 0.0,
         "parity": all(r["parity"] for r in rows),
         "counters_match": all(r.get("counters_match", True) for r in rows),
+        "diverged_rows": sum(1 for r in rows if r.get("diverged_reps")),
         "geomean_speedup": {a.label: geomean([r["speedup"] for r in rows if r["arm"] == a.label]) for a in arms},
         "geomean_predicted_speedup": {
             a.label: geomean([r["predicted_speedup"] for r in rows if r["arm"] == a.label]) for a in arms
@@ -299,6 +326,7 @@ def summary(rows: list[dict[str, Any]], arms: list[Arm], control: str = PLAIN) -
 
 def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
+    scripted = result["scripted"]
     lines = [
         f"# sim.confirm: {result['model']['name']} on {result['model']['device']}",
         "",
@@ -315,6 +343,11 @@ def markdown(result: dict[str, Any]) -> str:
         c = r.get("counters")
         counters = f"{c['rounds']} | {c['drafted_rounds']} | {c['accepted']}/{c['proposed']}" if c else "- | - | -"
         parity = "yes" if r["parity"] else "**NO**"
+        if r.get("diverged_reps"):
+            first = r["divergences"][0]
+            margin = "no margin" if first["margin"] is None else f"margin {first['margin']:.3g}"
+            reps = f"{r['diverged_reps']}/{len(r['ms_all'])}"
+            parity += f" (left the trace in {reps} reps, at token {first['index']}, {margin})"
         if "counters_match" in r and not r["counters_match"]:
             parity += " (counters differ from replay)"
         lines.append(
@@ -326,7 +359,12 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Median |error| {s['median_abs_error_points']:.2f} points, max {s['max_abs_error_points']:.2f} "
         f"(policy rows); parity {'everywhere' if s['parity'] else 'BROKEN somewhere'}; counters equal to replay's: "
-        f"{'yes' if s['counters_match'] else 'NO'}.",
+        f"{'yes' if s['counters_match'] else 'NO'}"
+        + (
+            "."
+            if scripted
+            else f" (on the runs that emitted the trace's tokens); rows that left the trace: {s['diverged_rows']}."
+        ),
         "",
         "| arm | geomean x measured | geomean x predicted |",
         "|---|---:|---:|",

@@ -259,7 +259,9 @@ def profile_data(m: dict[str, Any], lm: LoadedModel, name: str, command: str) ->
     return {
         "name": name,
         "model": f"{info['name']} ({info['model_type']}, {info['parameters'] / 1e6:.1f}M parameters, "
-        f"{info['weights']} weights, {info['dtype']}, config sha256 {info['config_sha256'][:16]})",
+        f"{info['weights']} weights, {info['dtype']}, config sha256 {info['config_sha256'][:16]})"
+        # a catalog model: where its weights came from (SmolLM2's are Q4_1 values de-quantized to float32)
+        + (f"; {info['provenance']}, {info['license']}" if info.get("provenance") else ""),
         "machine": f"{info['device']}; {platform.system()} {platform.machine()}; python {v['python']}, "
         f"torch {v['torch']}, transformers {v['transformers']}, attention {info['attention']}",
         "date": datetime.date.today().isoformat(),

@@ -17,7 +17,6 @@ Random-weight models and the bundled traces share the GPT-2 tokenizer
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -44,14 +43,14 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from sim.core.errors import ModelError  # noqa: E402
 from sim.core.io import load_json, read_bytes  # noqa: E402
-from sim.hardware.options import ARCH_NAMES, DTYPE_NAMES, ModelLimits, add_model_args  # noqa: E402, F401
 from sim.hardware.tokenizer import GPT2_EOS, GPT2_N_VOCAB, load_gpt2  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # one clear line per problem, not library chatter
 transformers.logging.disable_progress_bar()
 
+# The command lines offer these names and ARCHS' without importing torch (sim/hardware/options.py: DTYPE_NAMES,
+# ARCH_NAMES); a test holds the two lists equal.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-assert tuple(DTYPES) == DTYPE_NAMES
 
 # Named architectures. The real ones copy the shapes of the published checkpoints' config.json
 # (vocabulary, widths, depth, heads, RoPE); `tiny` is for tests, `mid` for CPU benchmarks.
@@ -145,7 +144,6 @@ ARCHS: dict[str, tuple[type, dict[str, Any]]] = {
         ),
     ),
 }
-assert tuple(ARCHS) == ARCH_NAMES  # the command lines offer these names without importing torch
 
 
 @dataclass
@@ -312,8 +310,13 @@ def load_model(
     device: str | None = None,
     dtype: str | None = None,
     seed: int = 0,
+    catalog: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """A model from `arch` (random weights) or from a local checkpoint `path` (its weights, or random ones).
+
+    `catalog` is the record of the catalog entry `path` was resolved from (its draftlab-model.json,
+    `sim.hardware.catalog.record_of`): the model is then recorded by that name, its provenance, license and weight
+    hashes, and not by its cache folder, which differs from machine to machine.
 
     A checkpoint's configuration, weight files, tokenizer and EOS ids are all checked before its weights are
     loaded, and once loaded every weight must have been in the files with the shape the configuration gives it.
@@ -347,6 +350,8 @@ def load_model(
             "path": str(folder),
             "weights": f"random (seed {seed})" if random_weights else "checkpoint",
         }
+        if catalog is not None:
+            info = {"name": catalog["name"], **_catalog_info(catalog, random_weights), "weights": info["weights"]}
     model.eval()
     info.update(
         {
@@ -359,6 +364,17 @@ def load_model(
         }
     )
     return LoadedModel(model, dev, dt, eos, prompter, info)
+
+
+def _catalog_info(recorded: dict[str, Any], random_weights: bool) -> dict[str, Any]:
+    """What a catalog checkpoint's record says of where it came from, for every result recorded from it:
+    provenance, license, the hashes of its source and weights, and what its weights are (SmolLM2's are Q4_1 values
+    de-quantized, which its margins must say); with random weights, only where the architecture is from."""
+    keys = ("provenance", "license", "package", "version", "gguf_sha256", "safetensors_sha256")
+    found = {"catalog": recorded.get("name"), **{k: recorded.get(k) for k in keys}}
+    if not random_weights:
+        found["checkpoint_weights"] = recorded.get("weights")
+    return found
 
 
 def device_name(device: torch.device) -> str:
@@ -612,36 +628,3 @@ def check_checkpoint(path: str, random_weights: bool) -> Any:
     _eos_ids(Path(path), config)
     _check_tokenizer_json(Path(path))
     return config
-
-
-# ---------------------------------------------------------------- command line, shared by record/measure/confirm
-
-
-def model_limits(args: argparse.Namespace) -> ModelLimits:
-    """The vocabulary and position limit of the model the options name, from its configuration alone (no
-    weights built), so that inputs it cannot take are refused before minutes of loading."""
-    if args.arch is not None:
-        config, name = arch_config(args.arch), args.arch
-    else:  # the whole checkpoint but its weights' values: a broken file is refused before minutes of loading
-        config, name = check_checkpoint(args.model, args.random_weights), Path(args.model).name
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    vocab = getattr(text, "vocab_size", None)
-    positions = getattr(text, "max_position_embeddings", None)
-    if not isinstance(vocab, int) or vocab < 1:
-        raise ModelError(f"--model {args.model}: config.json names no vocab_size")
-    return ModelLimits(name, vocab, positions if isinstance(positions, int) and positions > 0 else None)
-
-
-def model_from_args(args: argparse.Namespace) -> LoadedModel:
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ModelError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    return load_model(
-        arch=args.arch,
-        path=args.model,
-        random_weights=args.random_weights,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-    )

@@ -58,8 +58,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     source = group.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--model",
-        metavar="PATH",
-        help="local Hugging Face checkpoint directory, never downloaded (its tokenizer, else GPT-2's)",
+        metavar="PATH|NAME",
+        help="local Hugging Face checkpoint directory, never downloaded (its tokenizer, else GPT-2's); or a catalog "
+        "name (smollm2-135m-instruct; python -m sim.models list), fetched once into the cache on first use",
     )
     source.add_argument(
         "--arch",
@@ -111,10 +112,16 @@ def check_model_args(args: argparse.Namespace) -> None:
 
 
 def model_files(args: argparse.Namespace) -> list[Path]:
-    """The files of a `--model` checkpoint directory: inputs that no output may overwrite."""
-    if args.model is None or not os.path.isdir(args.model):
+    """The files of a `--model` checkpoint directory (a catalog name's cache entry, if it is there yet): inputs
+    that no output may overwrite."""
+    from sim.hardware.catalog import CATALOG, model_dir
+
+    if args.model is None:
         return []
-    return sorted(p for p in Path(args.model).iterdir() if p.is_file())
+    folder = model_dir(args.model) if args.model in CATALOG and not os.path.lexists(args.model) else Path(args.model)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file())
 
 
 def check_outputs(

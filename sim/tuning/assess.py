@@ -206,7 +206,7 @@ def plan(
         cells.setdefault((group, row.profile.name), []).append(i)
     for profile in sorted({r.profile.name for r in rows.base}):
         idx = [i for i, r in enumerate(rows.base) if r.profile.name == profile]
-        effect, spread = _weighted_effect(rows, idx, weights)
+        effect, spread = weighted_effect(rows, idx, weights)
         lines.append(
             f"| geomean of all {len(idx)} rows | {profile} | {100 * math.expm1(effect):+.2f}% "
             f"| {_reps(effect, noise * spread, power)} |"
@@ -220,7 +220,7 @@ def plan(
             )
     else:
         for (group, profile), idx in sorted(cells.items()):
-            effect, spread = _weighted_effect(rows, idx, weights)
+            effect, spread = weighted_effect(rows, idx, weights)
             lines.append(
                 f"| group {group}, geomean of {len(idx)} rows | {profile} | {100 * math.expm1(effect):+.2f}% "
                 f"| {_reps(effect, noise * spread, power)} |"
@@ -241,7 +241,7 @@ def plan(
     return lines
 
 
-def _weighted_effect(rows: Paired, idx: Sequence[int], weights: dict[str, float]) -> tuple[float, float]:
+def weighted_effect(rows: Paired, idx: Sequence[int], weights: dict[str, float]) -> tuple[float, float]:
     """(group-weighted mean log effect of rows idx, sqrt of the sum of their squared weights)."""
     counts: dict[str, int] = {}
     for i in idx:
