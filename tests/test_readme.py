@@ -30,6 +30,8 @@ LEFT_OUT = {
     "python benchmarks/closed_loop_cpu.py": "runs for many minutes; a benchmark, rerun by hand",
     "python benchmarks/tune_speed.py": "runs for minutes; a benchmark, rerun by hand",
     "python benchmarks/long_context_cpu.py": "runs for minutes; a benchmark, rerun by hand",
+    "python benchmarks/closed_loop_real.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
+    "python benchmarks/tune_then_confirm.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
 }
 
 

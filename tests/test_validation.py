@@ -267,6 +267,12 @@ def test_a_holdout_never_drives_the_search(tmp_path, monkeypatch):
         assert {r["trace_path"] for r in trial.user_attrs.get("rows", [])} <= {EMAIL, EDIT_JSON}
     text = (tmp_path / "runs" / "val" / "report.md").read_text()
     assert text.split("\n")[2].startswith("**Held out (holdout by trace") and "| summary | all (held out) |" in text
+    plan = text[text.index("## Hardware confirmation plan") :]
+    # the confirmation runs on the rows the study never searched, and on those alone
+    assert "On the held-out rows only" in plan and "| summary (all) |" in plan
+    assert "| email (all) |" not in plan and "| edit_json (all) |" not in plan
+    command = next(line for line in plan.splitlines() if "python -m sim.confirm" in line)
+    assert "summary" in command and "email" not in command and "edit_json" not in command
 
 
 @pytest.mark.slow

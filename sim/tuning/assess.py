@@ -186,6 +186,12 @@ def plan(
             "Nothing held out yet (no fold's study has a complete trial): the in-sample gain below is optimistic.",
             "",
         ]
+    if spec.validation is not None and not spec.validation.nested:
+        lines += [
+            "On the held-out rows only: the study never searched them, so they test what carries over to new "
+            "prompts (the rows it searched would flatter the recommendation).",
+            "",
+        ]
     lines += [
         f"Confirm **{candidate}** (`{best_yaml}`) against the control **{control}** (the spec's baseline), "
         "interleaved on one machine (sim.confirm alternates the arms within every repetition, so drift between "

@@ -197,6 +197,8 @@ class Assessment:
     in_sample: assess.Gain | None
     held: assess.Gain | None
     folds: list[assess.FoldResult]
+    # a holdout's rows, which the study never searched: the ones its hardware confirmation must run on
+    holdout: assess.Paired | None = None
 
 
 def _lead(spec: StudySpec, found: Assessment) -> list[str]:
@@ -356,7 +358,7 @@ def render(inputs: ReportInputs, facts: Findings) -> str:
         lines += assess.plan(
             spec,
             inputs.matrix,
-            facts.paired,
+            inputs.gains.holdout or facts.paired,
             f"trial #{best.number} of {spec.name}",
             inputs.gains.held,
             str(inputs.out / "best.yaml"),
@@ -627,7 +629,7 @@ def assessment(
         kept = set(keep)
         out = [i for i in range(len(base_rows)) if i not in kept]
         held = assess.Paired([base_rows[i] for i in out], [best_rows[i] for i in out], [both.groups[i] for i in out])
-        return Assessment(in_sample, assess.gain(spec, matrix.weights, held), [])
+        return Assessment(in_sample, assess.gain(spec, matrix.weights, held), [], held)
     with _progress("scoring held-out folds", len(folds), "fold") as advance:
         results = []
         for fold, study in folds:
