@@ -37,6 +37,21 @@ def command_line(script: str, argv: Sequence[str] | None = None) -> str:
     return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
 
 
+def relative(path: str | os.PathLike[str]) -> str:
+    """A path in a result file: from the repository root when it lies inside, so results read the same on every
+    checkout; as given otherwise."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
+def recorded_group(name: str) -> str:
+    """The group of a recorded trace (traces/recorded/MODEL/): its Spec-Bench category for `CATEGORY-ID`, `bundled`
+    for the five benchmark prompts (edit_fn, edit_json, story, summary, write), as studies/gated_smollm2_cpu.yaml
+    groups them."""
+    category, _, number = name.rpartition("-")
+    return category if category and number.isdigit() else "bundled"
+
+
 def note(message: str) -> None:
     """A one-line note on stderr (beside the progress bars), before work that takes more than a moment."""
     print(message, file=sys.stderr, flush=True)

@@ -55,6 +55,7 @@ from _harness import (  # noqa: E402
     metered_runs,
     noise_verdict,
     note,
+    relative,
     speedup_noise_points,
     stem,
     verdict_line,
@@ -252,10 +253,10 @@ def _benchmark(args: argparse.Namespace) -> int:
         "model": lm.info,
         "wall_s": time.time() - started,
         "load": load.as_dict(),
-        "profile": {**profile.as_dict(), "sync_ms": list(profile.sync_ms), "path": _relative(profile_path)},
+        "profile": {**profile.as_dict(), "sync_ms": list(profile.sync_ms), "path": relative(profile_path)},
         "measurements": {str(n): m for n, m in measurements.items()},
         "profile_slices": slices,
-        "traces": [{"name": t.name, "path": _relative(Path(t.path)), "sha256": t.sha256} for t in traces],
+        "traces": [{"name": t.name, "path": relative(Path(t.path)), "sha256": t.sha256} for t in traces],
         "arms": [a.as_dict() for a in arms],
         "reps": args.reps,
         "max_tokens": args.max_tokens,
@@ -274,12 +275,6 @@ def _benchmark(args: argparse.Namespace) -> int:
 def _speedup_range(row: dict) -> str:
     """Lowest and highest per-repetition speedup, as `a-b` (as sim.confirm's tables show it)."""
     return f"{min(row['speedup_reps']):.2f}-{max(row['speedup_reps']):.2f}"
-
-
-def _relative(path: Path) -> str:
-    """Paths in result files from the repository root, so results read the same on every checkout."""
-    path = path.resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _markdown(result: dict, measurements: dict[int, dict]) -> str:

@@ -49,6 +49,8 @@ from _harness import (  # noqa: E402
     metered_runs,
     noise_verdict,
     note,
+    recorded_group,
+    relative,
     speedup_noise_points,
     stem,
     verdict_line,
@@ -71,11 +73,6 @@ POLICIES = "graded,gated,goodput"
 TARGET_MEDIAN, TARGET_MAX = 2.0, 5.0  # points of x: median |error| and the largest one, over the policy rows
 
 
-def group_of(name: str) -> str:
-    """A recorded trace's group: its Spec-Bench category (`CATEGORY-ID`), or `bundled` for the five prompts."""
-    return name.rsplit("-", 1)[0] if "-" in name else "bundled"
-
-
 def question_id(name: str) -> int:
     """The Spec-Bench question id of a trace name, 0 for the bundled prompts (sorted by name among themselves)."""
     tail = name.rsplit("-", 1)[-1]
@@ -89,7 +86,7 @@ def select(folder: Path, per_group: int) -> list[Path]:
         raise UserError(f"no recorded traces in {folder} (its README has the command that rebuilds them)")
     groups: dict[str, list[Path]] = {}
     for path in paths:
-        groups.setdefault(group_of(path.stem), []).append(path)
+        groups.setdefault(recorded_group(path.stem), []).append(path)
     chosen = []
     for group in sorted(groups):
         chosen += sorted(groups[group], key=lambda p: (question_id(p.stem), p.stem))[:per_group]
@@ -157,7 +154,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     rows = confirm_mod.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=False)
     arms_cpu = attach_cpu(rows, metered, len(traces) * args.reps * len(arms))
     for row in rows:
-        row["group"] = group_of(row["trace"])
+        row["group"] = recorded_group(row["trace"])
         row["speedup_noise_points"] = speedup_noise_points(row["speedup_reps"])
     summary = confirm_mod.summary(rows, arms)
     summary.update(_faithful_errors(rows))
@@ -182,7 +179,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         "load": load.as_dict(),
         "profile": {**profile.as_dict(), "path": args.profile},
         "traces": [
-            {"name": t.name, "group": group_of(t.name), "path": _relative(t.path), "sha256": t.sha256} for t in traces
+            {"name": t.name, "group": recorded_group(t.name), "path": relative(t.path), "sha256": t.sha256}
+            for t in traces
         ],
         "arms": [a.as_dict() for a in arms],
         "reps": args.reps,
@@ -251,12 +249,6 @@ def _parity_risk(rows: list[dict], traces: list[Trace]) -> dict:
         "by_policy": by_policy,
         "plain_runs_off_trace": plain_left,
     }
-
-
-def _relative(path: str) -> str:
-    """Paths in result files from the repository root, so results read the same on every checkout."""
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:

@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _harness import command_line, note, stem, table, wrote
+from _harness import command_line, note, recorded_group, relative, stem, table, wrote
 
 from sim import cli
 from sim.core.errors import UserError
@@ -38,14 +38,9 @@ from sim.rows.replay import ReplayRow, geomean, replay
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "traces" / "recorded" / "smollm2-135m-instruct"
 PROFILES = "cpu-smollm2-135m-instruct,gb10-qwen3-8b-4bit"
-BUNDLED = ("edit_fn", "edit_json", "story", "summary", "write")
+BUNDLED = ("edit_fn", "edit_json", "story", "summary", "write")  # the five benchmark prompts, group `bundled`
 REFERENCE = {"edit_fn": "edit_fn", "edit_json": "edit_json", "story": "story", "summary": "summary", "write": "email"}
 POLICIES = ("fixed", "gated")
-
-
-def group_of(name: str) -> str:
-    """A recorded trace's group: its Spec-Bench category (`CATEGORY-ID`), or `bundled` for the five prompts."""
-    return "bundled" if name in BUNDLED else name.rsplit("-", 1)[0]
 
 
 def main() -> int:
@@ -112,16 +107,14 @@ def _benchmark(args: argparse.Namespace) -> int:
     rows = _rows(traces + reference, profiles)
     groups: dict[str, list[Trace]] = {}
     for trace in traces:
-        groups.setdefault(group_of(trace.name), []).append(trace)
+        groups.setdefault(recorded_group(trace.name), []).append(trace)
     recorded_bundled = groups["bundled"]
     result = {
         "benchmark": "recorded_corpus",
         "command": command_line(__file__),
         "model": traces[0].header.get("model_info", {}),
         "profiles": [{**p.as_dict()} for p in profiles],
-        "traces": [
-            {"path": str(Path(t.path).relative_to(ROOT)), "sha256": t.sha256, "group": group_of(t.name)} for t in traces
-        ],
+        "traces": [{"path": relative(t.path), "sha256": t.sha256, "group": recorded_group(t.name)} for t in traces],
         "per_group": {
             p.name: {g: _summary(ts, p, rows) for g, ts in sorted(groups.items())} | {"all": _summary(traces, p, rows)}
             for p in profiles

@@ -37,7 +37,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _harness import Load, attach_cpu, command_line, load_lines, metered_runs, noise_verdict, note, stem, wrote  # noqa: E402
+from _harness import (  # noqa: E402
+    Load,
+    attach_cpu,
+    command_line,
+    load_lines,
+    metered_runs,
+    noise_verdict,
+    note,
+    relative,
+    stem,
+    wrote,
+)
 
 from sim import cli  # noqa: E402
 from sim.core.errors import UserError  # noqa: E402
@@ -200,10 +211,10 @@ def _benchmark(args: argparse.Namespace) -> int:
         "command": command,
         "versions": versions(),
         "model": lm.info,
-        "spec": {"path": _relative(spec.path), "sha256": spec.sha256, "name": spec.name},
-        "study": {"folder": _relative(study), "best": _relative(best_path), "params": tuned.settings()},
-        "held_out": {"groups": held_groups, "traces": [_relative(p) for p in held_paths]},
-        "confirmed_traces": [_relative(p) for p in confirmed],
+        "spec": {"path": relative(spec.path), "sha256": spec.sha256, "name": spec.name},
+        "study": {"folder": relative(study), "best": relative(best_path), "params": tuned.settings()},
+        "held_out": {"groups": held_groups, "traces": [relative(p) for p in held_paths]},
+        "confirmed_traces": [relative(p) for p in confirmed],
         "profile": {**profile.as_dict(), "path": spec.profiles[0]},
         "predicted": {
             "gain": predicted_gain.value,
@@ -242,11 +253,6 @@ def _benchmark(args: argparse.Namespace) -> int:
     print(text)
     wrote(f"{out}.json", f"{out}.md")
     return 0
-
-
-def _relative(path: str | Path) -> str:
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 def _pct(value: float | None) -> str:
