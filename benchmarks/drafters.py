@@ -8,7 +8,7 @@ The committed benchmarks/results/drafters.{json,md} are this command's output wi
 For each trace set (traces/*.jsonl; traces/corpus/**/*.jsonl when present), each
 mode (every trace its own world; all of them as one stream of requests in file
 order, docs/drafters.md section 5), each governor (`fixed`, `gated`, and the best
-tuned configuration among the committed studies/*/best.yaml) and each drafter
+tuned configuration among the committed GB10 studies, studies/*_gb10/best.yaml) and each drafter
 (`lookup`, `suffix` with its shipped parameters) on each bundled GB10 profile:
 the geometric mean speedup over plain decoding, the worst row, proposed and
 accepted tokens, and tokens per forward. The simulation is deterministic; the
@@ -67,12 +67,12 @@ def trace_sets(corpus: bool, skipped: list[str] | None = None) -> dict[str, list
 
 
 def tuned() -> tuple[str, PolicyConfig]:
-    """The committed study result (studies/*/best.yaml) with the best geomean over the bundled traces on every GB10
-    profile, drafting with lookup as it was tuned."""
+    """The committed GB10 study result (studies/*_gb10/best.yaml, tuned on these profiles) with the best geomean
+    over the bundled traces on every GB10 profile, drafting with lookup as it was tuned."""
     traces = [read_trace(ROOT / p) for p in trace_sets(False)["bundled"]]
     profiles = [load_profile(name) for name in gb10()]
     scored: list[tuple[float, str, PolicyConfig]] = []
-    studies = sorted(ROOT.glob("studies/*/best.yaml"))
+    studies = sorted(ROOT.glob("studies/*_gb10/best.yaml"))  # a study of another machine may draft wider
     bar = progress(len(studies), "tuned: committed studies", "study")
     for path in studies:
         config = load_config_file(path)
