@@ -18,6 +18,7 @@ from sim.core.errors import ProfileError
 from sim.engine.costs import BUNDLED, DEFAULT_PROFILE, bundled_profiles, load_profile, profile_from_dict
 
 REFERENCE = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "verify_width_cost.txt"
+GB10 = [name for name in bundled_profiles() if name.startswith("gb10-")]
 
 
 def _reference_numbers() -> dict[str, tuple[float, list[float]]]:
@@ -38,7 +39,7 @@ def _reference_numbers() -> dict[str, tuple[float, list[float]]]:
 def test_four_bundled_profiles_match_the_reference_measurements():
     """Each bundled GB10 profile has exactly P and S(1..10) of verify_width_cost.txt for its model, and names it."""
     reference = _reference_numbers()
-    assert bundled_profiles() == sorted(f"gb10-{model}" for model in reference)
+    assert GB10 == sorted(f"gb10-{model}" for model in reference)
     assert DEFAULT_PROFILE in bundled_profiles()
     for model, (pipelined, sync) in reference.items():
         profile = load_profile(f"gb10-{model}")
@@ -57,7 +58,7 @@ def test_qwen3_8b_numbers():
     assert profile.host_gap == pytest.approx(1.399, abs=1e-12)
 
 
-@pytest.mark.parametrize("name", bundled_profiles())
+@pytest.mark.parametrize("name", GB10)
 def test_host_gap_and_device_times(name):
     """g = S(1) - P, d(w) = S(w) - g, so d(1) = P and d(w) + g = S(w) for every measured width, at any context."""
     profile = load_profile(name)
@@ -71,6 +72,25 @@ def test_host_gap_and_device_times(name):
             assert profile.device_ms(width, context) + profile.host_gap_ms(context) == pytest.approx(
                 profile.sync_ms[width - 1], rel=1e-12
             )
+
+
+def test_the_measured_cpu_profile_of_the_trained_model():
+    """cpu-smollm2-135m-instruct: a v2 profile sim.measure took at one thread, P = S(1) at every context (no host
+    gap on a CPU), widths 1..16, each median within the lowest and highest sample it kept, the model's provenance
+    named; and beside the GB10 ones, the only other bundled profile."""
+    assert bundled_profiles() == sorted([*GB10, "cpu-smollm2-135m-instruct"])
+    profile = load_profile("cpu-smollm2-135m-instruct")
+    raw = yaml.safe_load((BUNDLED / "cpu-smollm2-135m-instruct.yaml").read_text())
+    assert raw["contexts"] == [64, 384, 896, 1472] and profile.max_width == 16
+    assert "Q4_1" in raw["model"] and "(1 torch threads)" in raw["machine"]
+    assert raw["source"].startswith("measured by `python -m sim.measure --model smollm2-135m-instruct --threads 1")
+    for i, context in enumerate(raw["contexts"]):
+        assert raw["pipelined_ms"][i] == raw["sync_ms"][i][0]
+        assert profile.host_gap_ms(context) == 0
+        for width in range(1, 17):
+            assert profile.device_ms(width, context) == pytest.approx(raw["sync_ms"][i][width - 1], rel=1e-12)
+            spread = raw["measurements"][str(context)]["sync_ms"][str(width)]
+            assert spread["low"] <= spread["median"] <= spread["high"]
 
 
 def test_load_by_path_equals_load_by_name():
