@@ -33,7 +33,9 @@ from sim.rows.replay import run_trace
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BUNDLED = bundled_profiles()
-MAX_BUNDLED_DRAFT = min(load_profile(name).max_width for name in BUNDLED) - 1  # C(max_draft) prices max_draft + 1
+# the bundled profiles of one context length (a v2 profile's costs follow the context; v1_profiles draws these)
+BUNDLED_V1 = [name for name in BUNDLED if isinstance(load_profile(name), CostProfile)]
+MAX_BUNDLED_DRAFT = min(load_profile(name).max_width for name in BUNDLED_V1) - 1  # C(max_draft) prices max_draft + 1
 
 
 def check_width(width: int, survival: Sequence[float], ms: Sequence[float], cap: int, margin: float) -> None:
@@ -94,7 +96,7 @@ def v1_profiles(draw, widths: int, bundled: bool = True) -> CostProfile:
     bound), device times d(2..) in any order (costs need not be convex), sometimes fewer widths and `extend: flat`,
     and a prefill with fixed, per-token and quadratic terms (or none)."""
     if bundled and widths <= MAX_BUNDLED_DRAFT + 1 and draw(st.booleans()):
-        profile = load_profile(draw(st.sampled_from(BUNDLED)))
+        profile = load_profile(draw(st.sampled_from(BUNDLED_V1)))
         assert isinstance(profile, CostProfile)
         return profile
     pipelined = draw(ms_values)
