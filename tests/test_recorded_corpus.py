@@ -58,6 +58,7 @@ def test_each_trace_says_how_it_was_made(path):
     assert h["source"] == "recorded" and h["model"] == SMOL and h["chat_template"] is True
     info = h["model_info"]
     assert info["catalog"] == SMOL and info["license"] == "Apache-2.0" and "path" not in info
+    assert h["tokenizer"] == f"{SMOL} (its own tokenizer and chat template)"  # no cache path: the same everywhere
     assert "Q4_1" in info["provenance"] and "de-quantized" in info["provenance"]
     assert info["checkpoint_weights"].startswith("Q4_1-dequantized")
     assert info["parameters"] == 134_515_008 and h["dtype"] == "float32"

@@ -352,6 +352,8 @@ def load_model(
         }
         if catalog is not None:
             info = {"name": catalog["name"], **_catalog_info(catalog, random_weights), "weights": info["weights"]}
+            if prompter.name != "gpt2":  # its own tokenizer, named by the model rather than by this cache's path
+                prompter.name = f"{catalog['name']} (its own tokenizer and chat template)"
     model.eval()
     info.update(
         {
