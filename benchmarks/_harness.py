@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
@@ -297,3 +297,49 @@ def load_lines(result: dict[str, Any], where: str) -> list[str]:
     else:
         lines.append(f"**Verdict: fidelity.** {verdict_line(noise).removeprefix('fidelity: ')}.")
     return [*lines, ""]
+
+
+# ------------------------------------------------------------------------------ a trained model decoding for itself
+
+
+class FreeRun(NamedTuple):
+    """What `free_running` measured: sim.confirm's rows, each arm's CPU and wall seconds, the machine's load, the
+    model's description and how long the timed runs took."""
+
+    rows: list[dict[str, Any]]
+    arms_cpu: dict[str, dict[str, Any]]
+    load: Load
+    model: dict[str, Any]
+    wall_s: float
+
+
+def free_running(
+    name: str, traces: Sequence[Any], arms: Sequence[Any], reps: int, max_tokens: int | None, profile: Any
+) -> FreeRun:
+    """A catalog model (fetched on first use) on one CPU thread, as the recorded traces and the measured profile
+    were made, decoding for itself under every arm: sim.confirm's interleaved repetitions without --scripted,
+    each run metered, the load sampled after every repetition; rows predicted on `profile`."""
+    import torch
+
+    from sim.hardware import confirm as confirm_mod
+    from sim.hardware.catalog import info, resolve
+    from sim.hardware.model import load_model
+
+    torch.set_num_threads(1)
+    note(f"loading {name} ...")
+    lm = load_model(path=str(resolve(name)), device="cpu", dtype="float32", catalog=info(name))
+    load = Load()
+    started = time.time()
+    note(f"{len(traces)} traces x {len(arms)} arms x {reps} repetitions, the model decoding ...")
+
+    def sample(rep: int) -> None:
+        load.sample(f"after repetition {rep + 1}")
+
+    with metered_runs(confirm_mod) as metered:
+        runs = confirm_mod.collect(
+            lm, list(traces), list(arms), reps, scripted=False, max_tokens=max_tokens, between=sample, costs=profile
+        )
+    load.finish()
+    rows = confirm_mod.rows_for(list(traces), list(arms), runs, profile, max_tokens, scripted=False)
+    arms_cpu = attach_cpu(rows, metered, len(traces) * reps * len(arms))
+    return FreeRun(rows, arms_cpu, load, lm.info, time.time() - started)

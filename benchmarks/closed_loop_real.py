@@ -34,7 +34,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,13 +41,10 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _harness import (  # noqa: E402
-    Load,
-    attach_cpu,
     command_line,
+    free_running,
     load_lines,
-    metered_runs,
     noise_verdict,
-    note,
     recorded_group,
     relative,
     speedup_noise_points,
@@ -124,11 +120,8 @@ def main() -> int:
 
 def _benchmark(args: argparse.Namespace) -> int:
     require_torch("benchmarks/closed_loop_real.py")
-    import torch
-
     from sim.hardware import confirm as confirm_mod
-    from sim.hardware.catalog import info, resolve
-    from sim.hardware.model import load_model, versions
+    from sim.hardware.model import versions
 
     out = stem(args.out)
     command = command_line(__file__)
@@ -136,23 +129,8 @@ def _benchmark(args: argparse.Namespace) -> int:
     traces = [read_trace(str(p)) for p in select(CORPUS, args.per_group)]
     arms = build_arms(POLICIES, [])
     require_widths([arm.config for arm in arms if arm.config is not None], [profile])
-    load = Load()
-    torch.set_num_threads(1)  # as the traces were recorded and the profile measured
-    note(f"loading {MODEL} ...")
-    lm = load_model(path=str(resolve(MODEL)), device="cpu", dtype="float32", catalog=info(MODEL))
-    started = time.time()
-    note(f"closed loop: {len(traces)} traces x {len(arms)} arms x {args.reps} repetitions, the model decoding ...")
-
-    def sample(rep: int) -> None:
-        load.sample(f"after repetition {rep + 1}")
-
-    with metered_runs(confirm_mod) as metered:
-        runs = confirm_mod.collect(
-            lm, traces, arms, args.reps, scripted=False, max_tokens=args.max_tokens, between=sample, costs=profile
-        )
-    load.finish()
-    rows = confirm_mod.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=False)
-    arms_cpu = attach_cpu(rows, metered, len(traces) * args.reps * len(arms))
+    run = free_running(MODEL, traces, arms, args.reps, args.max_tokens, profile)
+    rows, arms_cpu, load = run.rows, run.arms_cpu, run.load
     for row in rows:
         row["group"] = recorded_group(row["trace"])
         row["speedup_noise_points"] = speedup_noise_points(row["speedup_reps"])
@@ -174,8 +152,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         "benchmark": "closed_loop_real",
         "command": command,
         "versions": versions(),
-        "model": lm.info,
-        "wall_s": time.time() - started,
+        "model": run.model,
+        "wall_s": run.wall_s,
         "load": load.as_dict(),
         "profile": {**profile.as_dict(), "path": args.profile},
         "traces": [

@@ -30,7 +30,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,11 +37,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _harness import (  # noqa: E402
-    Load,
-    attach_cpu,
     command_line,
+    free_running,
     load_lines,
-    metered_runs,
     noise_verdict,
     note,
     relative,
@@ -164,13 +161,10 @@ def _benchmark(args: argparse.Namespace) -> int:
 
     # -------------------------------------------------------------- measured, the model deciding every token
     require_torch("benchmarks/tune_then_confirm.py")
-    import torch
-
     from sim.engine.costs import load_profile
     from sim.engine.trace import read_trace
     from sim.hardware import confirm as confirm_mod
-    from sim.hardware.catalog import info, resolve
-    from sim.hardware.model import load_model, versions
+    from sim.hardware.model import versions
 
     if len(spec.profiles) != 1:
         raise UserError(f"{spec.path}: confirms on one machine, so the spec names one profile, not {spec.profiles}")
@@ -182,23 +176,9 @@ def _benchmark(args: argparse.Namespace) -> int:
     ]
     traces = [read_trace(p) for p in confirmed]
     arms = [*build_arms(",".join([CONTROL, *OTHERS]), []), Arm(TUNED, tuned, str(best_path))]
-    torch.set_num_threads(1)  # as the traces were recorded and the profile measured
-    note(f"loading {MODEL} ...")
-    lm = load_model(path=str(resolve(MODEL)), device="cpu", dtype="float32", catalog=info(MODEL))
-    load = Load()
-    started = time.time()
-    note(f"confirm on the held-out prompts: {len(traces)} traces x {len(arms)} arms x {reps} repetitions ...")
-
-    def sample(rep: int) -> None:
-        load.sample(f"after repetition {rep + 1}")
-
-    with metered_runs(confirm_mod) as metered:
-        runs = confirm_mod.collect(
-            lm, traces, arms, reps, scripted=False, max_tokens=args.max_tokens, between=sample, costs=profile
-        )
-    load.finish()
-    measured_rows = confirm_mod.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=False)
-    arms_cpu = attach_cpu(measured_rows, metered, len(traces) * reps * len(arms))
+    note("confirm on the held-out prompts ...")
+    run = free_running(MODEL, traces, arms, reps, args.max_tokens, profile)
+    measured_rows, arms_cpu, load = run.rows, run.arms_cpu, run.load
     summary = confirm_mod.summary(measured_rows, arms, CONTROL)
     policy_rows = [r for r in measured_rows if r["arm"] != PLAIN]
     noise = noise_verdict(policy_rows, summary["median_abs_error_points"], 2.0, load.as_dict(), arms_cpu)
@@ -210,7 +190,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         "benchmark": "tune_then_confirm",
         "command": command,
         "versions": versions(),
-        "model": lm.info,
+        "model": run.model,
         "spec": {"path": relative(spec.path), "sha256": spec.sha256, "name": spec.name},
         "study": {"folder": relative(study), "best": relative(best_path), "params": tuned.settings()},
         "held_out": {"groups": held_groups, "traces": [relative(p) for p in held_paths]},
@@ -242,7 +222,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         },
         "reps": reps,
         "max_tokens": args.max_tokens,
-        "wall_s": time.time() - started,
+        "wall_s": run.wall_s,
         "load": load.as_dict(),
         "rows": measured_rows,
         "summary": {"arms_cpu": arms_cpu, "noise": noise},
