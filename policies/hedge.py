@@ -56,6 +56,7 @@ class Hedge(Governor[HedgeParams]):
             Heuristic(HeuristicParams(), max_draft),
         ]
         self.asks = [expert.budget for expert in self.stateful]  # bound once: asked on every iteration
+        self.records = [expert.record for expert in self.stateful]  # bound once: fed on every settled decision
         self.first_stateful = len(self.fixed)  # index of the first stateful expert in names, weights and widths
         # Experts that learn from the context itself: they see every iteration's context and draft.
         self.goodput = Goodput(GoodputParams(), max_draft)
@@ -64,12 +65,16 @@ class Hedge(Governor[HedgeParams]):
         self.names = [f"width{w}" for w in self.fixed] + ["graded", "gated", "heuristic", "goodput", "regime"]
         self.log_weights = [0.0] * len(self.names)
         self.probes: list[tuple[int, list[int]] | None] = [None] * len(self.stateful)
+        self.probing = 0  # how many of probes are set: most iterations have none, and skip the scan
         # Decisions waiting for their tokens: [start, draft tokens, widths per expert, leading tokens matched].
         self.pending: deque[list[Any]] = deque()
         self.table: CostTable | None = None
         # losses[m][w]: eta * C(w) / ((min(m, w) + 1) * C(0)) on the current table, filled as m comes up
         self.losses: list[list[float] | None] = []
         self.leader = 0
+        # The index of the highest log weight, kept as the weights change (on settling) rather than searched for on
+        # every iteration; `leader` takes it only on iterations with a draft, as the round records show it.
+        self.best = 0
         self.width = 0
         self.pausing = False
 
@@ -81,7 +86,7 @@ class Hedge(Governor[HedgeParams]):
     def observe(self, context: Sequence[int], draft: Draft) -> None:
         if self.pending:
             self._settle(context)
-        if any(self.probes):
+        if self.probing:
             for i, probe in enumerate(self.probes):
                 if probe is not None:
                     self._settle_probe(i, probe, context)
@@ -90,25 +95,31 @@ class Hedge(Governor[HedgeParams]):
         goodput.observe(context, draft)  # the loop's one draft, shared with both watchers
         regime.observe(context, draft)
         graded, gated, heuristic = self.asks
-        budgets = [graded(), gated(), heuristic()]  # every iteration, as the loop calls budget()
+        b0, b1, b2 = graded(), gated(), heuristic()  # every iteration, as the loop calls budget()
         if not tokens:
             self.width = 0
             self.pausing = False
             return
         k = len(tokens)
-        # The stateful experts' budgets are capped by the draft; the watchers' widths never exceed it.
-        widths = self.fixed_for[k] + [b if b < k else k for b in budgets]
-        widths += (goodput.width, regime.width)
-        if 0 in budgets:
-            self._probe(len(context), tokens, budgets)
+        # The stateful experts' budgets are capped by the draft; the watchers' widths never exceed it. Spelled out
+        # for the three rather than looped: this runs on every iteration with a draft.
+        widths = [
+            *self.fixed_for[k],
+            b0 if b0 < k else k,
+            b1 if b1 < k else k,
+            b2 if b2 < k else k,
+            goodput.width,
+            regime.width,
+        ]
+        if not (b0 and b1 and b2):
+            self._probe(len(context), tokens, (b0, b1, b2))
         # The max_draft expert proposes the whole draft: every decision waits for (at most) all k tokens.
         self.pending.append([len(context), tokens, widths, 0])
-        weights = self.log_weights
-        self.leader = weights.index(max(weights))  # ties: the first expert listed
+        self.leader = self.best
         self.width = widths[self.leader]
         self.pausing = self.width == 0
 
-    def _probe(self, n: int, tokens: list[int], budgets: list[int]) -> None:
+    def _probe(self, n: int, tokens: list[int], budgets: tuple[int, ...]) -> None:
         """The shadow probe the loop would have made for each paused stateful expert that has none pending."""
         for i, budget in enumerate(budgets):
             if budget == 0 and self.probes[i] is None:
@@ -116,40 +127,56 @@ class Hedge(Governor[HedgeParams]):
                 claims = expert.shadow_confirm_length
                 if expert.probes_while_paused() and len(tokens) >= claims:
                     self.probes[i] = (n, tokens[:claims])
+                    self.probing += 1
 
     def _settle(self, context: Sequence[int]) -> None:
-        """Score, in order, every pending decision whose outcome the landed tokens now decide."""
+        """Score, in order, every pending decision whose outcome the landed tokens now decide: every expert's loss on
+        a decision whose first `matched` draft tokens came true, priced at context length `landed`; each stateful
+        expert is fed its own outcome. (One function, its attributes read once: this is hedge's hot path.)"""
         landed = len(context)
         pending = self.pending
+        table = self.table
+        assert table is not None, "hedge reads the cost profile: bind() it first"
+        forget = self.params.forget
+        graded, gated, heuristic = self.records
+        first = self.first_stateful
+        scored = False
         while pending:
             entry = pending[0]
             start, tokens, widths, matched = entry
             need = len(tokens)
-            end = min(need, landed - start)
+            seen = landed - start
+            end = need if need < seen else seen
             while matched < end and context[start + matched] == tokens[matched]:
                 matched += 1
-            if matched < need and matched == landed - start:
+            if matched < need and matched == seen:
                 entry[3] = matched
-                return  # the next token it needs has not landed yet
+                break  # the next token it needs has not landed yet
             pending.popleft()
-            self._score(widths, matched, landed)
-
-    def _score(self, widths: list[int], matched: int, landed: int) -> None:
-        """Every expert's loss on a decision whose first `matched` draft tokens came true, settled at context
-        length `landed`; each stateful expert is fed its own outcome."""
-        table = self.table
-        assert table is not None, "hedge reads the cost profile: bind() it first"
-        if landed - table.at >= COST_REFRESH_TOKENS:  # contexts only grow, so the table never goes back
-            table.at_context(landed)
-            self.losses = [None] * (self.max_draft + 1)
-        losses = self.losses[matched]
-        if losses is None:
-            losses = self.losses[matched] = self._losses(table.ms, matched)
-        forget = self.params.forget
-        self.log_weights = [forget * weight - losses[w] for weight, w in zip(self.log_weights, widths, strict=True)]
-        for expert, w in zip(self.stateful, widths[self.first_stateful :], strict=False):
+            if landed - table.at >= COST_REFRESH_TOKENS:  # contexts only grow, so the table never goes back
+                table.at_context(landed)
+                self.losses = [None] * (self.max_draft + 1)
+            losses = self.losses[matched]
+            if losses is None:
+                losses = self.losses[matched] = self._losses(table.ms, matched)
+            # zip with no strict= keyword: passing one (True or False) costs more than the arithmetic here, and
+            # widths has one entry per expert by construction (observe).
+            weights = self.log_weights
+            self.log_weights = [forget * weight - losses[w] for weight, w in zip(weights, widths)]  # noqa: B905
+            # Spelled out for the three stateful experts, in their order, as observe() asks them.
+            w = widths[first]
             if w:
-                expert.record(w if w < matched else matched)
+                graded(w if w < matched else matched)
+            w = widths[first + 1]
+            if w:
+                gated(w if w < matched else matched)
+            w = widths[first + 2]
+            if w:
+                heuristic(w if w < matched else matched)
+            scored = True
+        if scored:
+            weights = self.log_weights
+            self.best = weights.index(max(weights))  # ties: the first expert listed
 
     def _losses(self, ms: list[float], matched: int) -> list[float]:
         """eta times each width's cost per emitted token, in units of the pipelined step, when `matched` of the
@@ -163,6 +190,7 @@ class Hedge(Governor[HedgeParams]):
         confirmed = settle(probe, context, expert.shadow_confirm_length)
         if confirmed is not None:
             self.probes[i] = None
+            self.probing -= 1
         if confirmed:
             expert.shadow_confirmed()
 

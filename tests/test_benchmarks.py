@@ -33,7 +33,10 @@ DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT /
 QUICK = {
     "replay_speed.py": (["--repeats", "1"], {"simpy", "recurrence", "simpy_over_recurrence"}),
     "oracle_speed.py": (["--repeats", "1"], {"schedule_only", "oracle_replay"}),
-    "hedge_floor.py": (["--repeats", "1"], {"trials_per_s", "floor_over_hedge", "floor_meets_target"}),
+    "hedge_floor.py": (
+        ["--repeats", "1"],
+        {"trials_per_s", "over_hedge", "slowest_expert", "slowest_expert_over_hedge", "hedge_within_max_slowdown"},
+    ),
     "matrix_fidelity.py": ([], set()),
 }
 WRITES_MD = {"matrix_fidelity.py", "drafters.py", "headroom.py"}  # a markdown table beside the JSON
