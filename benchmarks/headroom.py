@@ -17,10 +17,12 @@ with `--out-dir benchmarks/results` (the same as `--out benchmarks/results/headr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,8 @@ from sim.engine.costs import Profile, load_profile
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig, make_config, read_config_file
 from sim.rows.replay import ReplayRow, geomean, replay
+from sim.training.spec import load_train_spec
+from sim.training.train import config_for, load_bank, model_bytes, train
 
 ROOT = Path(__file__).resolve().parent.parent
 GB10 = ("gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit")
@@ -76,11 +80,23 @@ def summary(rows: list[ReplayRow], oracle: float, own_oracle: float) -> dict[str
     }
 
 
+DISTILLED_SPEC = "studies/distilled_edits.yaml"
+HELD_OUT_GROUP = "bundled"  # the group of the five bundled traces in DISTILLED_SPEC
+
+
 def configurations() -> list[tuple[str, PolicyConfig, dict[str, str]]]:
     """(label, configuration, where it came from) for every causal policy's defaults and every committed best."""
     out = []
     for name in sorted(REGISTRY):
         if not REGISTRY[name].causal:
+            continue
+        if name == "distilled":  # its bundled model was trained on every group of DISTILLED_SPEC, these rows too
+            label = "distilled (defaults: bundled model edits, in sample)"
+            out.append((label, make_config(name, {}), {"source": f"defaults; trained by {DISTILLED_SPEC}"}))
+            bundled = ROOT / "policies" / "models" / "edits.yaml"
+            config, _ = read_config_file(bundled)
+            where = f"{bundled.relative_to(ROOT)}: the loop settings its training rows chose"
+            out.append(("distilled (model edits at its chosen loop settings, in sample)", config, {"source": where}))
             continue
         out.append((f"{name} (defaults)", make_config(name, {}), {"source": "defaults"}))
     source = {"source": "gated_gb10 trial 858 on the 20 bundled rows (GATED_TUNED_ON_THESE_ROWS)"}
@@ -95,6 +111,31 @@ def configurations() -> list[tuple[str, PolicyConfig, dict[str, str]]]:
             config, label = read_config_file(best)  # label: "STUDY trial N", from the notes sim.tune writes
             out.append((f"{name} (tuned: {label})", config, {"source": relative, "sha256": sha}))
     return out
+
+
+def distilled_held_out(scratch: Path) -> tuple[PolicyConfig, dict[str, Any]]:
+    """The distilled governor trained by DISTILLED_SPEC on every group but the bundled traces (samples, fits and
+    the choice of loop settings never see them), its model written to `scratch`: what it reaches on rows it never
+    saw."""
+    with contextlib.chdir(ROOT):  # the spec's globs are relative to the repository root
+        spec = load_train_spec(DISTILLED_SPEC)
+        bank = load_bank(spec)
+        rest = [path for path in spec.traces if spec.group_of()[path] != HELD_OUT_GROUP]
+        bar = progress(len(spec.candidates), "distilled, trained without the bundled traces", "candidate")
+
+        def advance(_: str) -> None:
+            bar.update(1)
+
+        trained = train(bank, rest, advance)
+        bar.close()
+    path = scratch / "held-out.json"
+    path.write_bytes(model_bytes(trained.document))
+    source = {
+        "source": f"{DISTILLED_SPEC} (sha256 {spec.sha256}), trained here on every group but {HELD_OUT_GROUP}",
+        "chosen": json.dumps(trained.document["training"]["chosen"], sort_keys=True),
+        "model_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+    return config_for(path, trained.candidate), source
 
 
 def replay_all(config: PolicyConfig, traces: list[Trace], profiles: list[Profile]) -> list[ReplayRow]:
@@ -159,6 +200,14 @@ def main() -> int:
         entries.append({**entry, **summary(rows, default_oracle, own)})
         bar.update(1)
     bar.close()
+    with tempfile.TemporaryDirectory(prefix="draftlab-headroom-") as scratch:
+        config, source = distilled_held_out(Path(scratch))
+        rows = replay_all(config, traces, profiles)
+        own = oracle_for(config)[0]
+        label = "distilled (held out: trained without these traces)"
+        params = {**config.settings(), "model": "(trained without these traces; weights not kept)"}
+        entries.append({"label": label, "policy": "distilled", "params": params, **source})
+        entries[-1].update(summary(rows, default_oracle, own))
     report: dict[str, Any] = {
         "benchmark": "benchmarks/headroom.py",
         "command": command_line(__file__),

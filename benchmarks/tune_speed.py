@@ -12,9 +12,10 @@ repetitions:
                  SQLite file and on a journal file, 200 trials each: what a study reaches end to end
 
 - online_governors: one trial (MatrixEvaluator.evaluate) of each online governor (goodput, regime, hedge,
-                 threshold) at its defaults over the bundled 20-row matrix (traces/*.jsonl x the GB10
+                 threshold, distilled) at its defaults over the bundled 20-row matrix (traces/*.jsonl x the GB10
                  profiles), trials per second on this process's CPU time (and wall clock), median over at
-                 least 15 trials; target 50/s each
+                 least 15 trials; target 50/s each but hedge's (within 3x of its slowest expert instead,
+                 measured side by side by benchmarks/hedge_floor.py)
 
 - corpus_trial:  one gated trial (MatrixEvaluator.evaluate) over a corpus-sized matrix: 245 traces of
                  traces/corpus/{code,docs,data} (or --corpus DIR) plus the five bundled, x the four GB10 profiles,
@@ -121,8 +122,10 @@ def hot_spots(matrix: MatrixEvaluator, configs: list[PolicyConfig], top: int = 1
     ]
 
 
-ONLINE_GOVERNORS = ("goodput", "regime", "hedge", "threshold")  # docs/governors.md: each must reach 50 trials/s
-ONLINE_TARGET_PER_S = 50.0
+ONLINE_GOVERNORS = ("goodput", "regime", "hedge", "threshold", "distilled")
+# docs/governors.md: each must reach 50 trials/s, but hedge, which runs five of them inside it: its rule is to stay
+# within 3x of its slowest expert, which only a side-by-side run can tell (benchmarks/hedge_floor.py).
+ONLINE_TARGET_PER_S = {"goodput": 50.0, "regime": 50.0, "threshold": 50.0, "distilled": 50.0, "hedge": None}
 
 
 def online_governor_rates(repeats: int) -> dict[str, Any]:
@@ -142,6 +145,7 @@ def online_governor_rates(repeats: int) -> dict[str, Any]:
             matrix.evaluate(config)
             cpu.append(1.0 / (time.process_time() - start_cpu))
             wall.append(1.0 / (time.perf_counter() - start_wall))
+        target = ONLINE_TARGET_PER_S[name]
         out[name] = {
             "trials_per_s": statistics.median(cpu),
             "min": min(cpu),
@@ -150,8 +154,8 @@ def online_governor_rates(repeats: int) -> dict[str, Any]:
             "wall_min": min(wall),
             "wall_max": max(wall),
             "repeats": repeats,
-            "target_per_s": ONLINE_TARGET_PER_S,
-            "meets_target": statistics.median(cpu) >= ONLINE_TARGET_PER_S,
+            "target_per_s": target,
+            "meets_target": None if target is None else statistics.median(cpu) >= target,
             "loops_per_trial": len(matrix.traces) * (len(matrix.profiles) if config.reads_costs else 1),
         }
     return out
@@ -208,8 +212,11 @@ def result_rows(results: dict[str, Any]) -> list[list[str]]:
         elif name == "online_governors":
             for policy, r in value.items():
                 if policy != "rows":
-                    met = "meets" if r["meets_target"] else "misses"
-                    detail = f"CPU time; wall {r['wall_trials_per_s']:.1f}/s; {met} the {r['target_per_s']:g}/s target"
+                    if r["target_per_s"] is None:
+                        target = "no rate target (benchmarks/hedge_floor.py holds it to its experts)"
+                    else:
+                        target = f"{'meets' if r['meets_target'] else 'misses'} the {r['target_per_s']:g}/s target"
+                    detail = f"CPU time; wall {r['wall_trials_per_s']:.1f}/s; {target}"
                     rows.append([f"online: {policy}", f"{r['trials_per_s']:.1f}", "trials/s", detail])
         else:
             faster = value.get("evaluate_is_x_faster")

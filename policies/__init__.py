@@ -1,8 +1,9 @@
 """Prompt-lookup governors: one small class per policy behind one protocol, in a registry."""
 
 # Each module registers its policy: mlxcel's governors (fixed, gated, graded, heuristic, off), online governors that
-# read the cost profile (goodput, hedge, regime, threshold) and the hindsight oracle (not causal: replay only).
-from . import fixed, gated, goodput, graded, hedge, heuristic, off, oracle, regime, threshold  # noqa: F401
+# read the cost profile (goodput, hedge, regime, threshold), one learnt offline from hindsight (distilled) and the
+# hindsight oracle (not causal: replay only).
+from . import distilled, fixed, gated, goodput, graded, hedge, heuristic, off, oracle, regime, threshold  # noqa: F401
 from .base import REGISTRY, policy_class, register
 
 __all__ = ["REGISTRY", "policy_class", "register"]

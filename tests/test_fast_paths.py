@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from policies import REGISTRY
 from policies.cost_table import best_width
+from policies.distilled import Distilled
 from policies.goodput import BUCKETS, Goodput
 from policies.regime import Regime
 from sim.core.protocols import OUTPUT, PROMPT, Draft
@@ -81,6 +82,27 @@ class CheckedRegime(Regime):
         assert self.table is not None
         ms = self.table.resume if resuming else self.table.ms
         check_width(self.width, self.survival(n), ms, n, self.params.margin)
+        self.decisions += 1
+        self.proposed += self.width > 0
+
+
+class CheckedDistilled(Distilled):
+    """Distilled that holds each decision to best_width over its own survival, right after making it."""
+
+    def __init__(self, params, max_draft):
+        super().__init__(params, max_draft)
+        self.decisions = self.proposed = 0
+
+    def observe(self, context, draft):
+        resuming = self.resuming
+        super().observe(context, draft)
+        n = len(draft.tokens)
+        if not n:
+            assert self.width == 0
+            return
+        assert self.table is not None
+        ms = self.table.resume if resuming else self.table.ms
+        check_width(self.width, self.survival(n), ms, n, self.margin)
         self.decisions += 1
         self.proposed += self.width > 0
 
@@ -219,6 +241,18 @@ def test_regime_width_is_best_width_of_its_survival_through_the_loop(episode, va
 
 
 @PROPERTY
+@given(episodes(), st.sampled_from([None, -0.2, 0.0, 0.3]), st.sampled_from([None, 0.0, 3.0]), st.data())
+def test_distilled_width_is_best_width_of_its_survival_through_the_loop(episode, margin, resume_gaps, data):
+    """Through the real loop (features moving with every landed token): after every `observe` with a draft,
+    distilled's width is best_width(survival(n), the table it priced on, n, margin), exactly."""
+    prompt, reply, loop = episode
+    profile = data.draw(profiles(loop["max_draft"] + 1))
+    values = {"margin": margin, "resume_gaps": resume_gaps, **loop}
+    governor = loop_run(CheckedDistilled, "distilled", values, prompt, reply, profile)
+    event(f"distilled decisions: {'none' if not governor.decisions else 'some'}, proposed: {governor.proposed > 0}")
+
+
+@PROPERTY
 @given(st.integers(1, 9), goodput_values, st.data())
 def test_goodput_width_is_best_width_from_any_learned_state(max_draft, values, data):
     """From random learned counts (per cell hits <= tries, pooled estimates in [0, 1], any accepted run so far) and a
@@ -258,7 +292,9 @@ def test_regime_width_is_best_width_from_any_belief(max_draft, values, belief, d
 GB10 = [name for name in BUNDLED if name.startswith("gb10-")]
 
 
-@pytest.mark.parametrize("cls, policy", [(CheckedGoodput, "goodput"), (CheckedRegime, "regime")])
+@pytest.mark.parametrize(
+    "cls, policy", [(CheckedGoodput, "goodput"), (CheckedRegime, "regime"), (CheckedDistilled, "distilled")]
+)
 def test_bundled_traces_decide_as_best_width(cls, policy):
     """On every bundled trace and GB10 profile, under the defaults and a few variants, every decision equals
     best_width exactly, and both pausing and proposing occur."""

@@ -18,7 +18,8 @@ from sim.rows.replay import replay  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden" / "replay_gb10.json"
 # The five baselines plus the two gated variants measured on hardware; the online governors (goodput, regime and
-# hedge read the profile, threshold does not) at their defaults and with other settings; another drafter.
+# hedge read the profile, threshold does not) at their defaults and with other settings; another drafter; the
+# distilled governor with each bundled model file (policies/models/).
 VARIANTS = [
     "off",
     "fixed",
@@ -38,6 +39,9 @@ VARIANTS = [
     "threshold:draft_length=3",
     "gated:drafter=suffix",
     "goodput:drafter=suffix",
+    "distilled",
+    "distilled:max_draft=9",
+    "distilled:model=smollm2",
 ]
 KEYS = (
     "generated_tokens",
