@@ -274,6 +274,11 @@ def test_headroom_takes_out_and_out_dir_alike(tmp_path):
     assert (tmp_path / "a" / "headroom.md").exists() and (tmp_path / "b" / "headroom.md").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
     assert _results_status() == before
+    # the distilled governor trained without the bundled traces, then scored on them: the same bytes both times
+    held = next(e for e in a["configurations"] if e["label"].startswith("distilled (held out"))
+    assert "trained here on every group but bundled" in held["source"] and len(held["model_sha256"]) == 64
+    assert {row["trace"] for row in held["rows"]} == {"edit_fn", "edit_json", "email", "story", "summary"}
+    assert held["headroom_share"] < 1.0 and held["rows_below_floor"] == sum(r["speedup"] < 0.98 for r in held["rows"])
 
 
 TUNE_SPEED_TIMES = {
