@@ -8,8 +8,11 @@ property test holds each inline equal to it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
-from sim.core.protocols import ForwardCosts
+from sim.core.protocols import ForwardCosts, Governor
+
+P = TypeVar("P")
 
 # Cost tables are recomputed when the context has grown by this many tokens: costs move slowly with context
 # (docs/profiles.md), and pricing every width on every iteration would dominate a trial's time.
@@ -52,3 +55,18 @@ def best_width(survival: Sequence[float], ms: Sequence[float], cap: int, margin:
         if rate > best_rate:
             best, best_rate = w, rate
     return best if best_rate > (1.0 + margin) / ms[0] else 0
+
+
+class PricedWidth(Governor[P]):
+    """What goodput, regime and distilled share once `observe` has priced the draft: the width chosen there is the
+    budget, and a chosen pause (width 0 with a draft at hand) asks for probes, so the loop pipelines at once as the
+    price C(0) = P assumes (docs/governors.md, section 8)."""
+
+    width: int = 0
+    pausing: bool = False
+
+    def budget(self) -> int:
+        return self.width
+
+    def probes_while_paused(self) -> bool:
+        return self.pausing

@@ -22,10 +22,10 @@ from typing import Any
 from sim.core.errors import ConfigError, DraftlabError
 from sim.core.io import load_json, read_bytes
 from sim.core.params import MAX_MAGNITUDE, check_range, param
-from sim.core.protocols import PROMPT, Draft, ForwardCosts, Governor
+from sim.core.protocols import PROMPT, Draft, ForwardCosts
 
 from .base import register
-from .cost_table import COST_REFRESH_TOKENS, CostTable
+from .cost_table import COST_REFRESH_TOKENS, CostTable, PricedWidth
 from .tracker import DraftTracker
 
 SCHEMA = "draftlab-distilled-1"
@@ -193,7 +193,7 @@ def _sigmoid(z: float) -> float:
 
 
 @register("distilled")
-class Distilled(Governor[DistilledParams]):
+class Distilled(PricedWidth[DistilledParams]):
     Params = DistilledParams
 
     def __init__(self, params: DistilledParams, max_draft: int, model: Model | None = None):
@@ -317,13 +317,6 @@ class Distilled(Governor[DistilledParams]):
             s *= q
             out.append(s)
         return out
-
-    def budget(self) -> int:
-        return self.width
-
-    def probes_while_paused(self) -> bool:
-        # As goodput: a chosen pause is priced as pipelined steps, and probing makes the loop pipeline at once.
-        return self.pausing
 
     def state(self) -> dict[str, Any]:
         return {"width": self.width, "features": dict(zip(FEATURES, self.features, strict=True))}

@@ -14,10 +14,10 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.params import MAX_MAGNITUDE, check_range, param
-from sim.core.protocols import OUTPUT, Draft, ForwardCosts, Governor
+from sim.core.protocols import OUTPUT, Draft, ForwardCosts
 
 from .base import register
-from .cost_table import COST_REFRESH_TOKENS, CostTable
+from .cost_table import COST_REFRESH_TOKENS, CostTable, PricedWidth
 from .tracker import DraftTracker
 
 BUCKETS = 32  # source (prompt, output) x matched n-gram length (1, 2, 3, 4+) x run so far (0, 1-3, 4-9, 10+)
@@ -51,7 +51,7 @@ class GoodputParams:
 
 
 @register("goodput")
-class Goodput(Governor[GoodputParams]):
+class Goodput(PricedWidth[GoodputParams]):
     Params = GoodputParams
 
     def __init__(self, params: GoodputParams, max_draft: int):
@@ -145,13 +145,6 @@ class Goodput(Governor[GoodputParams]):
             s *= (hits[base + depth] + shrink * pooled[depth]) / (tries[base + depth] + shrink)
             out.append(s)
         return out
-
-    def budget(self) -> int:
-        return self.width
-
-    def probes_while_paused(self) -> bool:
-        # A chosen pause is priced as pipelined steps (C(0) = P): asking for probes makes the loop pipeline at once.
-        return self.pausing
 
     def state(self) -> dict[str, Any]:
         # Not vars(): the count tables are large and mutable; records keep what the decision turned on.

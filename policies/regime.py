@@ -15,10 +15,10 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.params import MAX_MAGNITUDE, check_range, param
-from sim.core.protocols import Draft, ForwardCosts, Governor
+from sim.core.protocols import Draft, ForwardCosts
 
 from .base import register
-from .cost_table import COST_REFRESH_TOKENS, CostTable
+from .cost_table import COST_REFRESH_TOKENS, CostTable, PricedWidth
 from .tracker import DraftTracker
 
 
@@ -48,7 +48,7 @@ class RegimeParams:
 
 
 @register("regime")
-class Regime(Governor[RegimeParams]):
+class Regime(PricedWidth[RegimeParams]):
     Params = RegimeParams
 
     def __init__(self, params: RegimeParams, max_draft: int):
@@ -154,13 +154,6 @@ class Regime(Governor[RegimeParams]):
             out.append(copy + free)
             copy, free = copy * (1.0 - p.to_free) + free * p.to_copy, copy * p.to_free + free * (1.0 - p.to_copy)
         return out
-
-    def budget(self) -> int:
-        return self.width
-
-    def probes_while_paused(self) -> bool:
-        # As goodput: a chosen pause is priced as pipelined steps, and probing makes the loop pipeline at once.
-        return self.pausing
 
     def state(self) -> dict[str, Any]:
         return {"belief": self.belief, "width": self.width}

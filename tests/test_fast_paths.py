@@ -44,67 +44,36 @@ def check_width(width: int, survival: Sequence[float], ms: Sequence[float], cap:
     assert width == best_width(survival, ms, cap, margin), (width, survival, ms, cap, margin)
 
 
-class CheckedGoodput(Goodput):
-    """Goodput that holds each decision to best_width over its own survival, right after making it."""
+def checked(base, survival):
+    """`base` holding each decision to best_width over its own survival (`survival(governor, n)`), right after
+    making it, priced on the table it used: C(w), or the resume price after an iteration that did not verify."""
 
-    def __init__(self, params, max_draft):
-        super().__init__(params, max_draft)
-        self.decisions = self.proposed = 0
+    class Checked(base):
+        def __init__(self, params, max_draft):
+            super().__init__(params, max_draft)
+            self.decisions = self.proposed = 0
 
-    def observe(self, context, draft):
-        resuming = self.resuming  # which cost table the decision is priced on: C(w) or the resume price
-        super().observe(context, draft)
-        n = len(draft.tokens)
-        if not n:
-            assert self.width == 0
-            return
-        assert self.table is not None
-        ms = self.table.resume if resuming else self.table.ms
-        check_width(self.width, self.survival(self.key, n), ms, n, self.params.margin)
-        self.decisions += 1
-        self.proposed += self.width > 0
+        def observe(self, context, draft):
+            resuming = self.resuming  # which cost table the decision is priced on
+            super().observe(context, draft)
+            n = len(draft.tokens)
+            if not n:
+                assert self.width == 0
+                return
+            assert self.table is not None
+            ms = self.table.resume if resuming else self.table.ms
+            margin = self.margin if isinstance(self, Distilled) else self.params.margin
+            check_width(self.width, survival(self, n), ms, n, margin)
+            self.decisions += 1
+            self.proposed += self.width > 0
 
-
-class CheckedRegime(Regime):
-    """Regime that holds each decision to best_width over its own survival, right after making it."""
-
-    def __init__(self, params, max_draft):
-        super().__init__(params, max_draft)
-        self.decisions = self.proposed = 0
-
-    def observe(self, context, draft):
-        resuming = self.resuming
-        super().observe(context, draft)
-        n = len(draft.tokens)
-        if not n:
-            assert self.width == 0
-            return
-        assert self.table is not None
-        ms = self.table.resume if resuming else self.table.ms
-        check_width(self.width, self.survival(n), ms, n, self.params.margin)
-        self.decisions += 1
-        self.proposed += self.width > 0
+    Checked.__name__ = f"Checked{base.__name__}"
+    return Checked
 
 
-class CheckedDistilled(Distilled):
-    """Distilled that holds each decision to best_width over its own survival, right after making it."""
-
-    def __init__(self, params, max_draft):
-        super().__init__(params, max_draft)
-        self.decisions = self.proposed = 0
-
-    def observe(self, context, draft):
-        resuming = self.resuming
-        super().observe(context, draft)
-        n = len(draft.tokens)
-        if not n:
-            assert self.width == 0
-            return
-        assert self.table is not None
-        ms = self.table.resume if resuming else self.table.ms
-        check_width(self.width, self.survival(n), ms, n, self.margin)
-        self.decisions += 1
-        self.proposed += self.width > 0
+CheckedGoodput = checked(Goodput, lambda g, n: g.survival(g.key, n))
+CheckedRegime = checked(Regime, lambda g, n: g.survival(n))
+CheckedDistilled = checked(Distilled, lambda g, n: g.survival(n))
 
 
 # ---------------------------------------------------------------- strategies
