@@ -12,6 +12,8 @@ from typing import TypeVar
 
 from sim.core.protocols import ForwardCosts, Governor
 
+from .tracker import DraftTracker
+
 P = TypeVar("P")
 
 # Cost tables are recomputed when the context has grown by this many tokens: costs move slowly with context
@@ -64,6 +66,16 @@ class PricedWidth(Governor[P]):
 
     width: int = 0
     pausing: bool = False
+    resuming: bool = True  # the last iteration did not verify: a verify now pays the resume price
+
+    def no_draft(self, tracker: DraftTracker) -> None:
+        """Nothing to weigh (most plain iterations): no width and no pause of its own, the next verify resumes, and
+        a token the lookup offered nothing for ends the tracked run."""
+        self.width = 0
+        self.pausing = False
+        self.resuming = True
+        if not tracker.tokens:
+            tracker.run = 0
 
     def budget(self) -> int:
         return self.width

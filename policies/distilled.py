@@ -232,11 +232,7 @@ class Distilled(PricedWidth[DistilledParams]):
             self._learn(*tracker.advance(context))
         tokens = draft.tokens
         if not tokens:
-            self.width = 0
-            self.pausing = False
-            self.resuming = True
-            if not tracker.tokens:
-                tracker.run = 0  # a token the lookup offered nothing for ends the run
+            self.no_draft(tracker)
             return
         if not tracker.tokens:
             tracker.follow(n_context, tokens, 0)

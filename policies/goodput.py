@@ -82,12 +82,8 @@ class Goodput(PricedWidth[GoodputParams]):
             first, confirmed, rejected = tracker.advance(context)
             self._learn(tracker.key, first, confirmed, rejected)
         tokens = draft.tokens
-        if not tokens:  # most plain iterations: nothing to weigh
-            self.width = 0
-            self.pausing = False
-            self.resuming = True
-            if not tracker.tokens:
-                tracker.run = 0  # a token the lookup offered nothing for ends the run
+        if not tokens:
+            self.no_draft(tracker)
             return
         n = len(tokens)
         run = tracker.run
