@@ -60,13 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    import json
-
     import yaml
 
     from policies.distilled import MODELS
     from sim.core.io import check_out_file, check_out_folder, refuse_inputs_as_outputs, write_atomic_all
-    from sim.training.heldout import evaluate, markdown
+    from sim.training.heldout import evaluate, markdown, report_json
     from sim.training.spec import load_train_spec
     from sim.training.train import load_bank, model_bytes, train
 
@@ -102,7 +100,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     if heldout:
         data = evaluate(bank, say)
         data["command"] = command
-        files += [(paths[2], json.dumps(data, indent=1, sort_keys=True) + "\n"), (paths[3], markdown(data, command))]
+        files += [(paths[2], report_json(data)), (paths[3], markdown(data, command))]
     write_atomic_all(files)
     chosen = ", ".join(f"{k}={v}" for k, v in trained.document["training"]["chosen"].items())
     say(f"chose {chosen}")

@@ -12,6 +12,7 @@ resamples traces within groups (sim.tuning.stats.bootstrap_gain, as study report
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tempfile
 from collections.abc import Callable
@@ -170,17 +171,25 @@ def report_data(
         "table": table,
         "gains_over": gains,
         "bootstrap": {"resamples": spec.resamples, "seed": spec.seed, "level": 0.95},
-        "rows": [
-            {
-                "trace": k[0],
-                "group": group_of[k[0]],
-                "profile": k[1],
-                **{label: rows[k].speedup for label, rows in everything.items() if k in rows},
-                ORACLE_SAME_LOOP: same_loop[k].speedup,
-            }
-            for k in keys
-        ],
+        "rows": {
+            "columns": ["trace", "group", "profile", *everything, ORACLE_SAME_LOOP],
+            # one speedup per configuration; null where a comparison does not run on the row's profile
+            "values": [
+                [k[0], group_of[k[0]], k[1], *(rows[k].speedup if k in rows else None for rows in everything.values())]
+                + [same_loop[k].speedup]
+                for k in keys
+            ],
+        },
     }
+
+
+def report_json(data: dict[str, Any]) -> str:
+    """The report as JSON, one line per row (a report holds thousands), everything else indented."""
+    values = data["rows"]["values"]
+    placeholder = "@rows@"
+    head = json.dumps({**data, "rows": {**data["rows"], "values": placeholder}}, indent=1, sort_keys=True)
+    body = "[\n" + ",\n".join("   " + json.dumps(row) for row in values) + "\n  ]"
+    return head.replace(json.dumps(placeholder), body, 1) + "\n"
 
 
 def markdown(data: dict[str, Any], command: str) -> str:
