@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +37,7 @@ from sim.rows.config import PolicyConfig, make_config, read_config_file
 from sim.rows.replay import ReplayRow, geomean, replay
 from sim.training.spec import load_train_spec
 from sim.training.train import config_for, load_bank, model_bytes, train
+from sim.tuning.stats import bootstrap_gain
 
 ROOT = Path(__file__).resolve().parent.parent
 GB10 = ("gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit")
@@ -138,6 +140,23 @@ def distilled_held_out(scratch: Path) -> tuple[PolicyConfig, dict[str, Any]]:
     return config_for(path, trained.candidate), source
 
 
+# What the held-out distilled governor is compared with, with a bootstrap interval: the shipped and the tuned gated.
+GAINS_OVER = ("gated (defaults)", "gated (tuned: gated_gb10 trial 858, these rows)", "goodput (defaults)")
+BOOTSTRAP = {"resamples": 2000, "seed": 0}  # as the study reports' default
+
+
+def held_out_gains(rows: list[ReplayRow], speedups: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """The geomean gain of `rows` over each GAINS_OVER configuration on the same rows, with a seeded bootstrap 95%
+    interval that resamples traces (sim.tuning.stats.bootstrap_gain, as study reports compute theirs)."""
+    out = {}
+    for label in GAINS_OVER:
+        ratios = [math.log(row.speedup / other) for row, other in zip(rows, speedups[label], strict=True)]
+        names = [row.trace.name for row in rows]
+        gain, low, high = bootstrap_gain(ratios, names, ["all"] * len(rows), {"all": 1.0}, **BOOTSTRAP)
+        out[label] = {"gain": gain, "low": low, "high": high}
+    return out
+
+
 def replay_all(config: PolicyConfig, traces: list[Trace], profiles: list[Profile]) -> list[ReplayRow]:
     return [replay(trace, config, profile) for trace in traces for profile in profiles]
 
@@ -163,6 +182,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {entry['label']} | {entry['geomean_speedup']:.4f}x | {entry['worst_row']:.4f}x | "
             f"{entry['rows_below_floor']} | {entry['headroom_share']:.1%} | {entry['headroom_share_same_loop']:.1%} |"
         )
+    for entry in report["configurations"]:
+        if "gains_over" in entry:
+            lines += ["", f"{entry['label']}, gain on the same rows (bootstrap 95% interval over traces):", ""]
+            lines += [
+                f"- over {other}: {g['gain']:+.2%} ({g['low']:+.2%} to {g['high']:+.2%})"
+                for other, g in entry["gains_over"].items()
+            ]
     lines += ["", "## Inputs", "", "| trace | sha256 |", "|---|---|"]
     lines += [f"| {path} | {sha} |" for path, sha in report["inputs"]["traces"].items()]
     lines += ["", "| profile | sha256 |", "|---|---|"]
@@ -193,8 +219,10 @@ def main() -> int:
     entries = []
     configs = configurations()
     bar = progress(len(configs), "configurations", "config")
+    speedups: dict[str, list[float]] = {}  # per configuration, its rows' speedups in matrix order
     for label, config, source in configs:
         rows = replay_all(config, traces, profiles)
+        speedups[label] = [row.speedup for row in rows]
         own = oracle_for(config)[0]
         entry = {"label": label, "policy": config.policy, "params": config.settings(), **source}
         entries.append({**entry, **summary(rows, default_oracle, own)})
@@ -208,6 +236,7 @@ def main() -> int:
         params = {**config.settings(), "model": "(trained without these traces; weights not kept)"}
         entries.append({"label": label, "policy": "distilled", "params": params, **source})
         entries[-1].update(summary(rows, default_oracle, own))
+        entries[-1]["gains_over"] = held_out_gains(rows, speedups)
     report: dict[str, Any] = {
         "benchmark": "benchmarks/headroom.py",
         "command": command_line(__file__),

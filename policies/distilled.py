@@ -108,7 +108,8 @@ def model_path(model: str) -> Path:
 
 
 def bundled_models() -> list[str]:
-    return sorted(p.stem for p in MODELS.glob("*.json"))
+    # NAME.heldout.json beside a model is its evaluation report, not a model
+    return sorted(p.stem for p in MODELS.glob("*.json") if "." not in p.stem)
 
 
 _LOADED: dict[tuple[str, int, int], Model] = {}

@@ -75,7 +75,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         [f"{spec.name}.heldout.json", f"{spec.name}.heldout.md"] if heldout else []
     )
     paths = [check_out_file(out / name, "--out-dir", args.force) for name in names]
-    refuse_inputs_as_outputs(paths, [spec.path, *spec.traces], "--out-dir")
+    refuse_inputs_as_outputs(paths, [*spec.inputs, *spec.traces], "--out-dir")
     command = shlex.join(["python", "-m", "sim.train", *(sys.argv[1:] if argv is None else argv)])
 
     def say(message: str) -> None:
@@ -90,7 +90,8 @@ def _train(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     bundled = paths[0].resolve().parent == MODELS
     config = {
         "policy": "distilled",
-        "params": {"model": spec.name if bundled else str(paths[0]), **trained.candidate.loop},
+        # absolute: the configuration is read from wherever a later command runs (sim.replay --config)
+        "params": {"model": spec.name if bundled else str(paths[0].resolve()), **trained.candidate.loop},
         "notes": f"model {spec.name} and the loop settings its training rows chose; written by {command}",
     }
     files: list[tuple[Path, str | bytes]] = [

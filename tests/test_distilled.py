@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.distilled import DEFAULT_MODEL, FEATURES, SCHEMA, Distilled, load_model, parse_model
+from policies.distilled import DEFAULT_MODEL, FEATURES, Distilled, bundled_models, load_model, parse_model
 from sim.core.errors import ConfigError, StudyError
 from sim.core.params import LoopParams
 from sim.engine.costs import load_profile
@@ -45,7 +45,9 @@ def test_the_bundled_model_loads_and_names_what_it_was_trained_on(monkeypatch):
         f"{read_trace(path).sha256}  {path}\n" for path in sorted(load_train_spec(training["spec"]["path"]).traces)
     )
     assert training["traces"]["list_sha256"] == hashlib.sha256(listing.encode()).hexdigest()
-    assert set(training["profiles"]) == {p for p in training["profiles"] if p.startswith(("gb10-", "cpu-"))}
+    spec = load_train_spec(training["spec"]["path"])
+    assert training["profiles"] == {name: load_profile(name).sha256 for name in spec.profiles}
+    assert len(training["profiles"]) == 5
     assert training["command"].startswith("python -m sim.train studies/distilled_edits.yaml")
     assert len(model.first) == len(FEATURES) and len(model.deep) == len(FEATURES) + 1
     assert (ROOT / "policies" / "models" / f"{DEFAULT_MODEL}.json").stat().st_size < 16_000  # a few KB
@@ -86,7 +88,8 @@ def test_weights_must_be_finite_numbers_for_exactly_the_features():
 
 
 def test_an_unknown_model_names_the_bundled_ones(tmp_path):
-    with pytest.raises(ConfigError, match=f"no model file .*one of {DEFAULT_MODEL}"):
+    assert bundled_models() == ["edits", "smollm2"]  # not the held-out reports beside them
+    with pytest.raises(ConfigError, match="no model file .*one of edits, smollm2, or a JSON file"):
         make_config("distilled", {"model": "nosuch"}).governor(load_profile(GB10_8B))
     with pytest.raises(ConfigError, match="no model file"):
         make_config("distilled", {"model": str(tmp_path / "m.json")}).governor(load_profile(GB10_8B))
@@ -252,6 +255,17 @@ def test_existing_outputs_are_kept_without_force(trained):
         ),
         ("name: x\ntraces: [traces/*.jsonl]\nprofiles: [gb10-*]\ncompare: {a: {policy: nosuch}}\n", "compare/a"),
         ("traces: [traces/*.jsonl]\nprofiles: [gb10-*]\n", "missing 'name'"),
+        ("name: x\ntraces: [traces/*.jsonl]\nprofiles: [gb10-*]\nfit: {l2: 0}\n", "fit/l2 must be above 0"),
+        ("name: x\ntraces: [traces/*.jsonl]\nprofiles: [nosuch]\n", ":3: profiles: "),
+        (
+            "name: x\ntraces: [traces/*.jsonl]\nprofiles: [gb10-*]\ncompare: {oracle (not causal): {policy: gated}}\n",
+            "the report's own",
+        ),
+        (
+            "name: x\ntraces: [traces/*.jsonl]\nprofiles: [gb10-*]\n"
+            "compare: {a: {policy: distilled, params: {model: x}}}\n",
+            "compare/a: distilled: no model file",
+        ),
         (
             "name: x\ntraces: [traces/*.jsonl]\nprofiles: [gb10-*]\n"
             "compare: {a: {file: studies/gated_smollm2_cpu/best.yaml}}\n",
@@ -284,4 +298,30 @@ def test_distilled_is_a_causal_governor_that_reads_costs():
     from sim.core.protocols import reads_costs, watches_context
 
     assert Distilled.causal and reads_costs(Distilled) and watches_context(Distilled)
-    assert SCHEMA == "draftlab-distilled-1"
+
+
+def test_command_edge_cases_end_in_files_that_load_or_one_error_line(tmp_path):
+    """A plain list of trace globs, a max_draft without deeper depths, a profile given as a YAML path: each trains
+    (held out too) into files the governor and the strict JSON reader accept; an input named as an output is
+    refused even with --force, and left as it was."""
+    profile = tmp_path / "prof.yaml"
+    profile.write_bytes((ROOT / "traces" / "profiles" / f"{GB10_8B}.yaml").read_bytes())
+    spec = tmp_path / "edge.yaml"
+    spec.write_text(
+        f"name: edge\ntraces: [{ROOT}/traces/edit_*.jsonl, {ROOT}/traces/email.jsonl]\nprofiles: [{profile}]\n"
+        "search: {max_draft: [1]}\nvalidation: {by: trace, method: leave_one_out}\n"
+        "compare:\n  gated (shipped): {policy: gated}\n"
+    )
+    done = train_cli(spec, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    model = load_model(str(tmp_path / "out" / "edge.json"))
+    assert model.training["fit"]["log_loss_deep"] is None  # no depth 2 to learn with max_draft 1
+    data = json.loads((tmp_path / "out" / "edge.heldout.json").read_text())
+    assert len(data["rows"]["values"]) == 3 and data["table"][-1]["group"] == "pooled"
+    # the profile file is an input: an output of the same name is refused, even with --force
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(spec.read_text().replace("name: edge", "name: prof"))
+    before = profile.read_bytes()
+    refused = train_cli(clash, tmp_path, "--force", "--no-heldout")
+    assert refused.returncode == 2 and "one of this command's inputs" in refused.stderr
+    assert "Traceback" not in refused.stderr and profile.read_bytes() == before

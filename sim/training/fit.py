@@ -37,9 +37,10 @@ def logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, l2: float) -> np.ndarr
     return np.array([float(f"{b:.{SIGNIFICANT}g}") for b in beta])
 
 
-def log_loss(x: np.ndarray, y: np.ndarray, w: np.ndarray, beta: np.ndarray) -> float:
-    """The weighted mean log loss of coefficients `beta` on (x, y, w): how well they predict, lower is better."""
+def log_loss(x: np.ndarray, y: np.ndarray, w: np.ndarray, beta: np.ndarray) -> float | None:
+    """The weighted mean log loss of coefficients `beta` on (x, y, w): how well they predict, lower is better; None
+    without samples (a max_draft of 1 has no deeper depths)."""
     if len(y) == 0:
-        return float("nan")
+        return None
     p = np.clip(1.0 / (1.0 + np.exp(-(x @ beta))), 1e-12, 1 - 1e-12)
     return float(np.sum(w * -(y * np.log(p) + (1 - y) * np.log(1 - p))) / np.sum(w))

@@ -95,27 +95,38 @@ def evaluate(bank: Bank, progress: Progress | None = None) -> dict[str, Any]:
 
 def _summary(
     keys: list[tuple[str, str]],
+    weights: list[float],
     rows: dict[tuple[str, str], ReplayRow],
     oracle: dict[tuple[str, str], ReplayRow],
     same: dict[tuple[str, str], ReplayRow],
     floor: float,
 ) -> dict[str, Any]:
     speedups = [rows[k].speedup for k in keys]
-    g = _geomean(speedups)
-    o = _geomean([oracle[k].speedup for k in keys])
-    s = _geomean([same[k].speedup for k in keys])
+    g = _geomean(speedups, weights)
+    o = _geomean([oracle[k].speedup for k in keys], weights)
+    s = _geomean([same[k].speedup for k in keys], weights)
     return {
         "rows": len(keys),
         "geomean_speedup": g,
-        "headroom_share": (g - 1) / (o - 1) if o > 1 else math.nan,
-        "headroom_share_same_loop": (g - 1) / (s - 1) if s > 1 else math.nan,
+        # None (null in the file) where the oracle gains nothing over plain decoding: no headroom to share
+        "headroom_share": (g - 1) / (o - 1) if o > 1 else None,
+        "headroom_share_same_loop": (g - 1) / (s - 1) if s > 1 else None,
         "worst_row": min(speedups),
         "rows_below_floor": sum(v < floor for v in speedups),
     }
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+def _geomean(values: list[float], weights: list[float]) -> float:
+    return math.exp(sum(w * math.log(v) for v, w in zip(values, weights, strict=True)) / sum(weights))
+
+
+def row_weights(keys: list[tuple[str, str]], group_of: dict[str, str], weights: dict[str, float]) -> list[float]:
+    """Each row's weight in a geomean over `keys`: its group's weight shared among the group's rows there, so that
+    groups weigh as the spec says whatever their sizes (within one group every row weighs the same)."""
+    count: dict[str, int] = {}
+    for trace, _ in keys:
+        count[group_of[trace]] = count.get(group_of[trace], 0) + 1
+    return [weights[group_of[trace]] / count[group_of[trace]] for trace, _ in keys]
 
 
 def report_data(
@@ -140,15 +151,16 @@ def report_data(
     for fam in ["all", *families]:
         chosen = [k for k in keys if fam == "all" or family(k[1]) == fam]
         slices.append(("pooled", fam, chosen))
+    weights = spec.group_weights()
     table = []
     for group, fam, chosen in slices:
         entry: dict[str, Any] = {"group": group, "profiles": fam, "configurations": {}}
+        share = row_weights(chosen, group_of, weights)
         for label, rows in everything.items():
             if all(k in rows for k in chosen):  # a comparison run on some profiles only shows in their slices
                 same = same_loop if label == MODEL else oracle
-                entry["configurations"][label] = _summary(chosen, rows, oracle, same, spec.floor)
+                entry["configurations"][label] = _summary(chosen, share, rows, oracle, same, spec.floor)
         table.append(entry)
-    weights = spec.group_weights()
     gains = {}
     for label, rows in others.items():
         if label == ORACLE:
@@ -187,9 +199,16 @@ def report_json(data: dict[str, Any]) -> str:
     """The report as JSON, one line per row (a report holds thousands), everything else indented."""
     values = data["rows"]["values"]
     placeholder = "@rows@"
-    head = json.dumps({**data, "rows": {**data["rows"], "values": placeholder}}, indent=1, sort_keys=True)
-    body = "[\n" + ",\n".join("   " + json.dumps(row) for row in values) + "\n  ]"
+    # allow_nan=False: a NaN would make a file the project's own strict JSON reader refuses
+    head = json.dumps(
+        {**data, "rows": {**data["rows"], "values": placeholder}}, indent=1, sort_keys=True, allow_nan=False
+    )
+    body = "[\n" + ",\n".join("   " + json.dumps(row, allow_nan=False) for row in values) + "\n  ]"
     return head.replace(json.dumps(placeholder), body, 1) + "\n"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
 
 
 def markdown(data: dict[str, Any], command: str) -> str:
@@ -201,8 +220,9 @@ def markdown(data: dict[str, Any], command: str) -> str:
         f"Leave one {data['validation']['by']} out: each fold's model is trained (samples, fits and the choice of "
         "loop and decision settings) on the other rows only and scored on the rows it never saw; every row below "
         "is scored by such a model. Share = (geomean - 1) / (oracle geomean - 1), the oracle at the default loop "
-        "settings; *same loop*: the oracle at the model's own chosen loop settings (for the comparisons, at theirs "
-        f"only when they are the defaults). Floor: rows below {data['floor']}x.",
+        "settings; *same loop* (the model only): the oracle at the model's own chosen loop settings. Geomeans "
+        "weigh each group as the spec does, whatever its number of rows (pooled slices mix groups). Floor: rows "
+        f"below {data['floor']}x.",
         "",
     ]
     for entry in data["table"]:
@@ -213,9 +233,9 @@ def markdown(data: dict[str, Any], command: str) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for label, c in entry["configurations"].items():
-            same = f"{c['headroom_share_same_loop']:.1%}" if label == MODEL else ""
+            same = _share(c["headroom_share_same_loop"]) if label == MODEL else ""
             lines.append(
-                f"| {label} | {c['rows']} | {c['geomean_speedup']:.4f}x | {c['headroom_share']:.1%} | {same} | "
+                f"| {label} | {c['rows']} | {c['geomean_speedup']:.4f}x | {_share(c['headroom_share'])} | {same} | "
                 f"{c['worst_row']:.4f}x | {c['rows_below_floor']} |"
             )
         lines.append("")
@@ -234,7 +254,10 @@ def markdown(data: dict[str, Any], command: str) -> str:
     lines += ["|---|---|---|---|"]
     for fold in data["validation"]["folds"]:
         chosen = ", ".join(f"{k}={v}" for k, v in fold["chosen"].items())
-        loss = f"{fold['fit']['log_loss_first']:.4f} / {fold['fit']['log_loss_deep']:.4f}"
+        loss = " / ".join(
+            "n/a" if fold["fit"][key] is None else f"{fold['fit'][key]:.4f}"
+            for key in ("log_loss_first", "log_loss_deep")
+        )
         lines.append(f"| {fold['fold']} | {', '.join(fold['holds_out'])} | {chosen} | {loss} |")
     lines += ["", "## Configurations compared", ""]
     for label, c in data["configurations"].items():

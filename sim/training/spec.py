@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from policies.distilled import load_model, model_path
 from sim.core.errors import ConfigError, ProfileError, StudyError
 from sim.core.io import decode_text, parse_yaml, read_bytes
 from sim.core.params import MAX_SPAN
 from sim.engine.costs import load_profile
 from sim.rows.config import PolicyConfig, make_config, read_config_file
 from sim.tuning.spec import (
+    DEFAULT_GROUP,
     MAX_CONSTRAINT,
     MAX_SEED,
     TraceGroup,
@@ -49,6 +51,8 @@ KEYS = {
     "notes": "free text",
 }
 FIT_KEYS = ("l2", "recent_weight", "decay")
+# Labels the held-out report gives its own rows (sim/training/heldout.py): a comparison may not take them.
+RESERVED_LABELS = ("distilled (held out)", "oracle (not causal)", "oracle at the model's loop settings")
 SEARCH_KEYS = ("max_draft", "ngram", "margin", "shrink")
 
 
@@ -86,6 +90,7 @@ class TrainSpec:
     compare: tuple[tuple[str, PolicyConfig, str, tuple[str, ...]], ...]
     resamples: int
     seed: int
+    inputs: tuple[str, ...] = ()  # every file the command reads besides the traces: spec, profiles, configurations
 
     def group_of(self) -> dict[str, str]:
         return {path: g.name for g in self.groups for path in g.traces}
@@ -137,6 +142,8 @@ def _compare(
     out = []
     for label, entry in raw.items():
         where = ("compare", str(label))
+        if str(label) in RESERVED_LABELS:
+            raise r.fail(f"compare: the label {label!r} is the report's own; choose another", *where)
         entry = r.check_keys(entry, ("policy", "params", "file", "profiles"), *where)
         if ("file" in entry) == ("policy" in entry) or ("file" in entry and "params" in entry):
             raise r.fail(f"compare/{label}: give either file (a configuration file) or policy with params", *where)
@@ -148,6 +155,8 @@ def _compare(
             else:
                 config = make_config(str(entry["policy"]), entry.get("params") or {})
                 source = "as written in the spec"
+            if config.policy == "distilled":  # its model file is read now, not after every fold has trained
+                load_model(config.params.model)
         except ConfigError as err:
             raise r.fail(f"compare/{label}: {err}", *where) from None
         runs_on = profiles
@@ -182,6 +191,8 @@ def load_train_spec(path: str | Path) -> TrainSpec:
             raise r.fail(f"missing {key!r} ({KEYS[key]})")
     fit = r.check_keys(raw.get("fit") or {}, FIT_KEYS, "fit")
     l2 = float(_number(r, fit.get("l2", 1.0), "fit/l2", "fit", "l2", low=0.0, high=1e6))
+    if l2 == 0:  # without a penalty a feature that separates the labels sends its weight to infinity
+        raise r.fail("fit/l2 must be above 0 (the penalty keeps weights finite when a feature separates)", "fit")
     recent = float(
         _number(r, fit.get("recent_weight", 0.3), "fit/recent_weight", "fit", "recent_weight", low=0, high=1)
     )
@@ -191,7 +202,14 @@ def load_train_spec(path: str | Path) -> TrainSpec:
     if decay == 0:
         raise r.fail("fit/decay must be above 0 (0 would forget each count as it is made)", "fit")
     traces, groups, trace_globs = _traces(r, raw["traces"])
+    if not groups:  # a plain list of globs: one group of every trace, as in a study spec
+        groups = (TraceGroup(DEFAULT_GROUP, traces),)
     profiles = _profiles(r, raw["profiles"])
+    for name in profiles:  # a profile that cannot be read is an error at its own line, before any work
+        try:
+            load_profile(name)
+        except ProfileError as err:
+            raise r.fail(f"profiles: {err}", "profiles") from None
     candidates = _search(r, raw.get("search"))
     _check_widths(r, max(c.max_draft for c in candidates), profiles, "search/max_draft", "search", "max_draft")
     validation = _validation(r, raw.get("validation"), traces, groups, profiles)
@@ -215,6 +233,13 @@ def load_train_spec(path: str | Path) -> TrainSpec:
     )
     seed = _number(r, boot.get("seed", 0), "bootstrap/seed", "bootstrap", "seed", integer=True, low=0, high=MAX_SEED)
     floor = float(_number(r, raw.get("floor", 0.98), "floor", "floor", low=0.0, high=MAX_CONSTRAINT))
+    compare = _compare(r, raw.get("compare"), profiles)
+    compare_files = [
+        str(entry["file"])
+        for entry in (raw.get("compare") or {}).values()
+        if isinstance(entry, dict) and "file" in entry
+    ]
+    compare_files += [str(model_path(c.params.model)) for _, c, _, _ in compare if c.policy == "distilled"]
     return TrainSpec(
         name=_name(r, raw["name"]),
         path=path,
@@ -229,7 +254,8 @@ def load_train_spec(path: str | Path) -> TrainSpec:
         candidates=candidates,
         floor=floor,
         validation=validation,
-        compare=_compare(r, raw.get("compare"), profiles),
+        compare=compare,
         resamples=resamples,
         seed=seed,
+        inputs=(path, *(p for p in profiles if Path(p).is_file()), *compare_files),
     )

@@ -73,8 +73,13 @@ class Bank:
 def load_bank(spec: TrainSpec) -> Bank:
     group_of = spec.group_of()
     matrix = MatrixEvaluator.load(list(spec.traces), list(spec.profiles))
+    # profile_keys: rows are chosen by the names the spec gives its profiles (a bundled name or a YAML path)
     matrix = MatrixEvaluator(
-        matrix.traces, matrix.profiles, [group_of[t.path] for t in matrix.traces], spec.group_weights()
+        matrix.traces,
+        matrix.profiles,
+        [group_of[t.path] for t in matrix.traces],
+        spec.group_weights(),
+        profile_keys=list(spec.profiles),
     )
     return Bank(spec, matrix)
 
@@ -104,7 +109,12 @@ def model_document(
 
 
 def model_bytes(document: dict[str, Any]) -> bytes:
-    return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    # allow_nan=False: the governor's strict reader refuses NaN, so a file with one must never be written
+    return (json.dumps(document, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def config_for(model_file: str | Path, candidate: Candidate) -> PolicyConfig:
@@ -144,8 +154,8 @@ def train(bank: Bank, traces: Collection[str], progress: Progress | None = None)
             info = {
                 "samples_first": len(fy),
                 "samples_deep": len(dy),
-                "log_loss_first": round(log_loss(fx, fy, fw, first), 6),
-                "log_loss_deep": round(log_loss(dx, dy, dw, deep), 6),
+                "log_loss_first": _rounded(log_loss(fx, fy, fw, first)),
+                "log_loss_deep": _rounded(log_loss(dx, dy, dw, deep)),
             }
             fitted.append((first, deep, info))
             path = Path(scratch) / f"candidate-{index}.json"
