@@ -8,13 +8,16 @@ module parses the command line and prints rows, tables or JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from policies import REGISTRY, policy_class
+from policies.vllm import read_speculative_config
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs, same_file, write_atomic
@@ -39,6 +42,8 @@ from sim.rows.replay import (
     require_widths,
 )
 from sim.rows.rounds import Run, rounds_text, run_record
+
+ENGINES = ("mlxcel", "vllm")
 
 DEFAULT_POLICY = "gated"
 MAX_RISK_MARGIN = 1000.0  # logits: margins between the two best are a few units, never thousands
@@ -68,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "traces", nargs="+", metavar="TRACE", help="trace files (JSON Lines, format v1; see docs/trace-format.md)"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="mlxcel",
+        help="whose decode loop replays the traces: mlxcel (the default; governors) or vllm (vLLM's V1 speculative "
+        "decoding, one request at a time, configured by --speculative-config; docs/vllm.md)",
+    )
+    parser.add_argument(
+        "--speculative-config",
+        metavar="JSON|FILE",
+        help="with --engine vllm: vLLM's speculative_config as you pass it to vllm serve, e.g. "
+        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 2, "
+        "\"prompt_lookup_max\": 3}', or a file holding it; methods ngram and suffix, and "
+        "num_speculative_tokens_per_batch_size (Dynamic SD)",
     )
     parser.add_argument(
         "--policy",
@@ -173,8 +193,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _vllm_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
+    """--engine vllm: the one configuration --speculative-config gives (--set may add vllm keys such as
+    max_model_len), or a --compare list of vllm variants."""
+    for flag, value in (
+        ("--policy", args.policy),
+        ("--config", args.config),
+        ("--drafter", args.drafter),
+        ("--max-draft", args.max_draft),
+        ("--ngram-min", args.ngram_min),
+        ("--ngram-max", args.ngram_max),
+    ):
+        if value is not None:
+            raise ConfigError(
+                f"--engine vllm takes its settings from --speculative-config (vLLM's own keys), not {flag}"
+            )
+    settings = parse_assignments(args.settings, "--set")
+    if args.compare is not None:
+        if args.speculative_config is not None:
+            raise ConfigError("--speculative-config and --compare cannot be combined: list vllm:KEY=VALUE variants")
+        configs = []
+        for variant in args.compare.split(","):
+            name, own = split_variant(variant)
+            if name != "vllm":
+                raise ConfigError(f"--engine vllm compares vllm:KEY=VALUE variants only, got {variant!r}")
+            configs.append(make_config(name, {**settings, **own}))
+        return [(config, config.label()) for config in configs]
+    if args.speculative_config is None:
+        raise ConfigError("--engine vllm needs --speculative-config JSON|FILE (vLLM's speculative_config)")
+    params = read_speculative_config(args.speculative_config)
+    config = make_config("vllm", {**dataclasses.asdict(params), **settings})
+    return [(config, "vllm:" + json.dumps(params.speculative_config(), separators=(",", ":")))]
+
+
 def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     """The configurations to replay, each with its label."""
+    if args.engine == "vllm":
+        return _vllm_configs(args)
+    if args.speculative_config is not None:
+        raise ConfigError("--speculative-config configures vLLM: give it with --engine vllm")
     if args.policy is not None and args.compare is not None:
         raise ConfigError("--policy and --compare cannot be combined: name the policy in --compare's list")
     settings = parse_assignments(args.settings, "--set")
@@ -219,13 +276,31 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     return [(config, config.label()) for config in configs]
 
 
+def _vllm_line(engine: dict[str, Any]) -> str:
+    """vLLM's own counters, as its per-request spec_decode_metrics names them."""
+    drafts, accepted = engine["num_drafts"], engine["num_accepted_tokens"]
+    return (
+        f"[vLLM spec decode] steps={engine['steps']} num_drafts={drafts} "
+        f"num_draft_tokens={engine['num_draft_tokens']} num_accepted_tokens={accepted} "
+        f"accepted_per_pos={engine['num_accepted_tokens_per_pos']} "
+        f"mean_acceptance_length={1 + accepted / drafts if drafts else 1.0:.2f}"
+        + (f" unknown_steps={engine['unknown_steps']}" if engine["unknown_steps"] else "")
+    )
+
+
 def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
     c = row.counters
+    if row.engine is not None:
+        first = _vllm_line(row.engine)
+    else:
+        first = (
+            f"[Prompt lookup] rounds={c.rounds} drafted_rounds={c.drafted_rounds} paused_rounds={c.paused_rounds} "
+            f"proposed={c.proposed} accepted={c.accepted} acceptance_rate={c.acceptance_rate:.2f} "
+            f"tokens_per_forward={c.tokens_per_forward:.2f} shadow_confirmations={c.shadow_confirmations}"
+        )
     text = (
         f"{row.trace.name} | {row.label} | {row.profile.name}\n"
-        f"[Prompt lookup] rounds={c.rounds} drafted_rounds={c.drafted_rounds} paused_rounds={c.paused_rounds} "
-        f"proposed={c.proposed} accepted={c.accepted} acceptance_rate={c.acceptance_rate:.2f} "
-        f"tokens_per_forward={c.tokens_per_forward:.2f} shadow_confirmations={c.shadow_confirmations}\n"
+        f"{first}\n"
         f"[Simulated] generated={c.generated} time={row.time_ms:.1f} ms "
         f"({tokens_per_second(c.generated, row.time_ms):.1f} tok/s)  plain={row.plain_time_ms:.1f} ms "
         f"({tokens_per_second(c.generated, row.plain_time_ms):.1f} tok/s)  speedup={row.speedup:.3f}x"

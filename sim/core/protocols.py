@@ -106,6 +106,8 @@ class Governor(Generic[P]):
     Params: ClassVar[type]
     # Decisions depend only on the past. Only a hindsight oracle is not causal; hardware runs and studies refuse it.
     causal: ClassVar[bool] = True
+    # The engine whose loop replays it: mlxcel's (sim/engine/mlxcel.py), or vLLM's for the `vllm` configuration.
+    engine: ClassVar[str] = "mlxcel"
     # Claims a shadow probe carries and settles on (mlxcel's SHADOW_CONFIRM); gated makes it a parameter.
     shadow_confirm_length: int = 2
 

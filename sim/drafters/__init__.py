@@ -1,7 +1,8 @@
 """Drafters: what proposes tokens for a verify. One protocol (`base.Drafter`), a registry of families
-(`registry`), prompt lookup (`lookup`, the default) and SuffixDecoding (`suffix`); docs/drafters.md."""
+(`registry`), prompt lookup (`lookup`, the default), vLLM's n-gram proposer (`ngram`) and SuffixDecoding (`suffix`);
+docs/drafters.md."""
 
-from sim.drafters import lookup, suffix  # noqa: F401  (each module registers its drafter)
+from sim.drafters import lookup, ngram, suffix  # noqa: F401  (each module registers its drafter)
 from sim.drafters.registry import REGISTRY, DrafterConfig, drafter_class, make_drafter, register
 
 __all__ = ["REGISTRY", "DrafterConfig", "drafter_class", "make_drafter", "register"]

@@ -43,11 +43,15 @@ def scan(context: Sequence[int], ngram_max: int = 3, ngram_min: int = 2, max_dra
 
 
 class PromptLookup:
-    """Incremental n-gram index over a growing context.
+    """Incremental n-gram index over a growing context (mlxcel's rule: the most recent occurrence wins).
 
     `continuation[L]` is where the proposal starts when the context has length L
     (NO_MATCH when no n-gram matches), so `propose(L, k)` is `context[c : min(c+k, L)]`.
     """
+
+    # Which occurrence of the longest matching n-gram drafts: the most recent (mlxcel), or the earliest (vLLM's
+    # n-gram proposer, `VllmNgramIndex` in sim/drafters/ngram.py).
+    earliest: ClassVar[bool] = False
 
     def __init__(
         self, ngram_min: int = 2, ngram_max: int = 3, context: Sequence[int] = (), prompt_length: int = 0
@@ -60,7 +64,7 @@ class PromptLookup:
         self.context: list[int] = []
         self.continuation: list[int] = [NO_MATCH]  # length 0 has no match
         self.matched: list[int] = [0]  # per context length, the n-gram length that matched (0: none)
-        # per n: n-gram -> most recent start among those with at least one token after them
+        # per n: n-gram -> most recent (earliest) start among those with at least one token after them
         self._latest: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
         self.extend(context)
 
@@ -74,7 +78,10 @@ class PromptLookup:
             for n, table in self._latest.items():
                 start = length - 1 - n
                 if start >= 0:
-                    table[tuple(ctx[start : length - 1])] = start
+                    if self.earliest:
+                        table.setdefault(tuple(ctx[start : length - 1]), start)
+                    else:
+                        table[tuple(ctx[start : length - 1])] = start
             begin, n = self._match(length)
             self.continuation.append(begin)
             self.matched.append(n)
@@ -83,7 +90,7 @@ class PromptLookup:
         ctx = self.context
         for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
             start = self._latest[n].get(tuple(ctx[length - n : length]))
-            if start is not None:  # longest suffix wins; the table holds the most recent start
+            if start is not None:  # longest suffix wins; the table holds the start `earliest` asks for
                 return start + n, n
         return NO_MATCH, 0
 

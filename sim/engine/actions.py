@@ -87,3 +87,5 @@ class LoopResult:
     iterations: list[Iteration] | None = field(default=None, repr=False)
     # (index of the action it precedes, tokens it returned) per drafter call of step 3, for a drafter's host cost
     lookups: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    # the engine's own counters where they are not mlxcel's (vLLM's: sim/engine/vllm.py), else None
+    engine: Any = field(default=None, repr=False)

@@ -311,3 +311,7 @@ class TraceTarget:
 
     def is_eos(self, token: int) -> bool:
         return token == self.eos_id
+
+    def answers_left(self) -> int:
+        """Slots the next forward can answer: the recorded tokens left, and the EOS after them if it stopped on one."""
+        return len(self.tokens) - self.position + self.stops_on_eos

@@ -47,8 +47,16 @@ class PolicyConfig:
         """Whether the run depends on the cost profile (the loop then runs once per profile)."""
         return reads_costs(policy_class(self.policy))
 
+    @property
+    def engine(self) -> str:
+        """The engine whose loop replays this configuration: mlxcel, or vllm (docs/vllm.md)."""
+        return policy_class(self.policy).engine
+
     def settings(self) -> dict[str, Any]:
-        """Every parameter, policy and loop, in one flat mapping (sorted keys)."""
+        """Every parameter, policy and loop, in one flat mapping (sorted keys). A vLLM configuration's are vLLM's
+        own keys only: its loop and drafter follow from them."""
+        if self.engine != "mlxcel":
+            return dict(sorted(dataclasses.asdict(self.params).items()))
         merged = {**dataclasses.asdict(self.params), **dataclasses.asdict(self.loop), **self.drafter.settings()}
         return dict(sorted(merged.items()))
 
@@ -58,6 +66,8 @@ class PolicyConfig:
     def label(self, base: PolicyConfig | None = None) -> str:
         """`gated` for defaults, `gated:full_at=1.75` for the settings that differ from `base` (or the defaults)."""
         reference = (base or make_config(self.policy, {})).settings()
+        if self.engine != "mlxcel":  # its drafter follows from its own keys
+            return ":".join([self.policy, *(f"{k}={v}" for k, v in self.settings().items() if reference.get(k) != v)])
         if reference.get(DRAFTER_KEY) != self.drafter.name and not self.drafter.is_default:
             # Another drafter than the reference's shows its name and only the parameters it changed.
             reference.update(shipped(self.drafter.name).every_setting(), **{DRAFTER_KEY: None})
@@ -73,6 +83,8 @@ def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
     names every allowed one."""
     drafter_values, values = split_drafter(values)
     cls = policy_class(policy)
+    if cls.engine != "mlxcel":
+        return engine_config(policy, values, drafter_values)
     policy_keys = fields_of(cls.Params)
     loop_keys = fields_of(LoopParams)
     unknown = sorted(set(values) - set(policy_keys) - set(loop_keys))
@@ -82,6 +94,15 @@ def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
     params = build_params(cls.Params, {k: v for k, v in values.items() if k in policy_keys}, policy)
     loop = build_params(LoopParams, {k: v for k, v in values.items() if k in loop_keys}, "loop")
     return PolicyConfig(policy, params, loop, make_drafter(drafter_values))
+
+
+def engine_config(policy: str, values: dict[str, Any], drafter_values: dict[str, Any]) -> PolicyConfig:
+    """Another engine's configuration (`vllm`): its own keys only; the loop and the drafter follow from them."""
+    cls = policy_class(policy)
+    if drafter_values:
+        raise ConfigError(f"policy {policy} chooses its drafter by its own keys (method); drop {DRAFTER_KEY} settings")
+    params = build_params(cls.Params, values, policy)
+    return PolicyConfig(policy, params, params.loop(), make_drafter(params.drafter_settings()))
 
 
 def parse_assignments(items: list[str], where: str = "") -> dict[str, str]:

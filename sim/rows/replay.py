@@ -23,6 +23,7 @@ from sim.drafters.registry import DrafterConfig, drafter_class
 from sim.drafters.stream import World
 from sim.engine.actions import Counters, LoopResult
 from sim.engine.costs import Profile
+from sim.engine import vllm
 from sim.engine.mlxcel import run
 from sim.engine.schedule import trace_schedule
 from sim.engine.timing import (
@@ -150,6 +151,10 @@ def run_trace(
     cap = effective_max_tokens(trace, max_tokens)
     if not governor.causal:  # the hindsight oracle: its schedule is computed from the whole trace first
         foresee(governor, trace, config, cap, drafter)
+    if config.engine == "vllm":
+        return vllm.run(
+            target, governor, config.params.max_model_len, trace.prompt_tokens, cap, drafter, keep_iterations
+        )
     return run(target, governor, config.loop, trace.prompt_tokens, cap, drafter, keep_iterations=keep_iterations)
 
 
@@ -205,6 +210,7 @@ class ReplayRow:
     risk_margin: float = DEFAULT_RISK_MARGIN
     risky_verifies: int | None = None
     stream: tuple[int, int] | None = None  # (this request's index, requests in the stream) under --as-stream
+    engine: dict[str, Any] | None = None  # the engine's own counters, by its names (vLLM's), where not mlxcel's
 
     @property
     def speedup(self) -> float:
@@ -239,6 +245,7 @@ class ReplayRow:
             "tok_s": tokens_per_second(generated, self.time_ms),
             "plain_tok_s": tokens_per_second(generated, self.plain_time_ms),
             **({"stream": {"index": self.stream[0], "requests": self.stream[1]}} if self.stream else {}),
+            **({"vllm": self.engine} if self.engine is not None else {}),
         }
 
 
@@ -312,6 +319,7 @@ def play(request: Request, keep_iterations: bool = False) -> Played:
         risk_margin=request.risk_margin,
         risky_verifies=risky_verifies(trace, result.drafted_spans, request.risk_margin),
         stream=(world.index, len(world.stream.replies)) if world is not None else None,
+        engine=result.engine.as_dict() if result.engine is not None else None,
     )
     return Played(row, result, timed)
 

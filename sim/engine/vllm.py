@@ -1,0 +1,153 @@
+"""vLLM's loop: one request's engine steps under V1 speculative decoding, greedy, one request at a time
+(docs/vllm.md). A sibling of mlxcel's loop (sim/engine/mlxcel.py), written against the same protocols.
+
+Prefill emits the first token. Then every engine step, in order:
+  1. K for this step: the configuration's (`num_speculative_tokens`, or the Dynamic SD schedule's K for the batch).
+  2. Draft from the whole context (prompt and every token so far), at most K tokens and at most
+     max_model_len - len(context) - 1, so the step's positions stay below max_model_len.
+  3. One forward of [last token] + drafts; keep the longest prefix of drafts the target's greedy tokens agree with,
+     plus the target's token after it (a replacement, or the bonus when every draft matched).
+  4. Count as vLLM does: a step with drafts adds one draft, its draft tokens and its accepted ones, whatever the
+     stop rules then cut; a step without drafts adds nothing to the speculation counters.
+  5. Stop rules cut the kept tokens at the first EOS (not emitted) and at max_tokens (and max_model_len).
+There is no pipelining: with n-gram or suffix speculation vLLM 0.32 turns asynchronous scheduling off, so every step
+is a synchronous forward of width 1 + drafts in the action log, which the timing model prices like any other.
+
+The same function drives a recorded trace (replay) and a real model; on a trace cut by its token cap, a draft that
+reaches past the last recorded token is verified as far as the trace answers (`unknown_steps` counts such steps:
+vLLM may have accepted more there than replay can know).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.core.params import NO_CAP
+from sim.core.protocols import Drafter, Governor, Target
+from sim.engine.actions import Iteration, LoopResult
+
+
+@dataclass
+class VllmCounters:
+    """vLLM's speculative-decoding counters for one request, by vLLM's names (its per-request `spec_decode_metrics`
+    at the `detailed` level and its Prometheus counters), and the steps replay could only bound."""
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+    per_step_accepted: list[int] = field(default_factory=list)
+    steps: int = 0  # engine steps after prefill, with drafts or without
+    unknown_steps: int = 0  # steps whose drafts reached past the recorded trace, every verified one accepted
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        for position in range(accepted):
+            self.num_accepted_tokens_per_pos[position] += 1
+        self.per_step_drafted.append(drafted)
+        self.per_step_accepted.append(accepted)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run(  # noqa: C901  (the five steps of the module docstring, in order, in one place on purpose)
+    target: Target,
+    governor: Governor[Any],
+    max_model_len: int | None,
+    prompt: Sequence[int],
+    max_tokens: int | None,
+    drafter: Drafter,
+    keep_iterations: bool = False,
+) -> LoopResult:
+    """Decode until EOS, `max_tokens` (None: no cap) or max_model_len; count as vLLM does (`result.engine`)."""
+    out = LoopResult(iterations=[] if keep_iterations else None)
+    counters = VllmCounters(num_spec_tokens=governor.max_draft)
+    out.engine = counters
+    c, actions, contexts, log = out.counters, out.actions, out.contexts, out.iterations
+    context = list(prompt)
+    limit = max_model_len if max_model_len is not None else NO_CAP
+    cap = min(max_tokens if max_tokens is not None else NO_CAP, limit - len(prompt))
+    answers_left = getattr(target, "answers_left", None)  # a trace target knows where its recording ends
+
+    first = target.prefill()
+    if target.is_eos(first) or cap < 1:
+        return out
+    context.append(first)
+    emitted = 1
+    while emitted < cap:
+        # 1-2. K for the step, then the draft, capped so the step's last position stays below max_model_len.
+        n = len(context)
+        k = min(governor.budget(), limit - n - 1)
+        proposal = drafter.propose(context, k) if k > 0 else []
+        out.lookups.append((len(actions), len(proposal)))
+        # 3. One forward of [last] + proposal; a trace answers only as far as it was recorded.
+        known = answers_left() if answers_left is not None else None
+        checked = proposal if known is None else proposal[: max(known - 1, 0)]
+        actions.append(len(proposal) + 1)
+        contexts.append(n)
+        c.rounds += 1
+        counters.steps += 1
+        outputs = target.verify(checked)
+        accepted = 0
+        while accepted < len(checked) and outputs[accepted] == checked[accepted]:
+            accepted += 1
+        if len(checked) < len(proposal) and accepted == len(checked):
+            counters.unknown_steps += 1
+        if accepted < len(checked):
+            target.rollback(len(checked) - accepted)
+        # 4. vLLM's counters see the verify before any stop rule.
+        if proposal:
+            counters.observe(len(proposal), accepted)
+            c.drafted_rounds += 1
+            c.proposed += len(proposal)
+            c.accepted += accepted
+            governor.record(accepted)
+        # 5. Keep the accepted drafts and the token after them, cut at EOS and at the cap.
+        landed = 0
+        eos = False
+        for token in outputs[: accepted + 1]:
+            if target.is_eos(token):
+                eos = True
+                break
+            context.append(token)
+            landed += 1
+            if emitted + landed >= cap:
+                break
+        if proposal:
+            out.drafted_spans.append((emitted, landed))
+        emitted += landed
+        if log is not None:
+            log.append(
+                Iteration(
+                    action=len(proposal) + 1,
+                    actions_end=len(actions),
+                    width=len(proposal) + 1,
+                    budget=k,
+                    proposal_len=len(proposal),
+                    accepted=accepted,
+                    emitted=landed,
+                    paused=False,
+                    probe_made=False,
+                    probe_settled=False,
+                    shadow_confirmed=False,
+                    governor=governor.state(),
+                )
+            )
+        if eos:
+            break
+
+    c.generated = emitted
+    out.tokens = context[len(prompt) :]
+    return out
