@@ -202,7 +202,7 @@ def from_speculative_config(raw: Any, where: str = "--speculative-config") -> Vl
     """VllmParams of vLLM's `speculative_config` dict (JSON-decoded); `where` names its source in errors. Keys vLLM
     has that the lab does not model (a draft model, EAGLE, ...) are refused with the ones it knows."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a JSON object such as {{\"method\": \"ngram\", ...}}, got {raw!r}")
+        raise ConfigError(f'{where}: expected a JSON object such as {{"method": "ngram", ...}}, got {raw!r}')
     unknown = sorted(str(key) for key in raw if key not in SPECULATIVE_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SPECULATIVE_KEYS)}")

@@ -64,6 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="encode prompt text as is, even when the tokenizer has a chat template",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="decode with draftlab's own torch loop (the default), or with a real vLLM engine through its offline API "
+        "(greedy, logprobs=2; needs the vllm extra and a --model checkpoint folder or catalog name; docs/vllm.md)",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="with --engine vllm: vLLM's max_model_len, 2..1048576 (default 4096)",
+    )
     add_model_args(parser)
     return parser
 
@@ -91,6 +104,8 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
     check_outputs(outputs, [], "--out", force=True)
 
     require_torch("python -m sim.record")
+    if args.engine == "vllm":
+        return _record_vllm(args, argv, prompts, out)
     from sim.hardware.loading import model_from_args, model_limits
     from sim.hardware.model import versions
     from sim.hardware.prompts import encode
@@ -115,6 +130,49 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
             lm, prompt.name, tokens, meta, out, args.max_tokens, args.top, stack, command, force=args.force
         )
         print(f"{path}: {len(tokens)} prompt tokens, {count} tokens, stop={stop}")
+    return 0
+
+
+def _record_vllm(args: argparse.Namespace, argv: list[str], prompts: list[PromptFile], out: Path) -> int:
+    """sim.record --engine vllm: each prompt through vLLM's offline API, one request at a time."""
+    from sim.hardware.loading import checkpoint_path
+    from sim.hardware.model import local_prompter
+    from sim.hardware.prompts import encode
+    from sim.hardware.vllm_engine import Engine, model_info, record_one, require_vllm
+
+    bounded(args.max_model_len, "--max-model-len", 2, 1 << 20)
+    for flag, bad in (
+        ("--arch", args.arch is not None),
+        ("--random-weights", args.random_weights),
+        ("--threads", args.threads is not None),
+        ("--dtype", args.dtype not in ("auto", "float32")),
+        ("--device", args.device not in ("auto", "cpu", "cuda")),
+    ):
+        if bad:
+            raise UserError(
+                f"--engine vllm: {flag} is not for vLLM, which loads a --model checkpoint folder in float32 on the "
+                "device its build runs on"
+            )
+    require_vllm()
+    path = Path(checkpoint_path(args))
+    prompter = local_prompter(path)
+    encoded = []
+    for prompt in prompts:
+        if prompt.text is not None and prompter is None:
+            raise UserError(f"{prompt.where}: {path} ships no tokenizer; give a trace file as the prompt instead")
+        tokens, meta = encode(prompt, prompter, not args.no_chat_template)
+        if len(tokens) + args.max_tokens > args.max_model_len:
+            raise UserError(
+                f"{prompt.where}: {len(tokens)} prompt tokens + --max-tokens {args.max_tokens} exceed "
+                f"--max-model-len {args.max_model_len}"
+            )
+        encoded.append((prompt, tokens, meta))
+    engine = Engine(path, None, args.max_model_len, args.seed)
+    command = "python -m sim.record " + shlex.join(argv)
+    info = model_info(args.model, path)
+    for prompt, tokens, meta in encoded:
+        trace, count, stop = record_one(engine, prompt.name, tokens, meta, out, args.max_tokens, command, info)
+        print(f"{trace}: {len(tokens)} prompt tokens, {count} tokens, stop={stop}")
     return 0
 
 

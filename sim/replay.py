@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--speculative-config",
         metavar="JSON|FILE",
         help="with --engine vllm: vLLM's speculative_config as you pass it to vllm serve, e.g. "
-        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 2, "
-        "\"prompt_lookup_max\": 3}', or a file holding it; methods ngram and suffix, and "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
+        '"prompt_lookup_max": 3}\', or a file holding it; methods ngram and suffix, and '
         "num_speculative_tokens_per_batch_size (Dynamic SD)",
     )
     parser.add_argument(
@@ -232,6 +232,10 @@ def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
         return _vllm_configs(args)
     if args.speculative_config is not None:
         raise ConfigError("--speculative-config configures vLLM: give it with --engine vllm")
+    return _mlxcel_configs(args)
+
+
+def _mlxcel_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     if args.policy is not None and args.compare is not None:
         raise ConfigError("--policy and --compare cannot be combined: name the policy in --compare's list")
     settings = parse_assignments(args.settings, "--set")

@@ -274,6 +274,9 @@ def _local_prompter(path: Path) -> Prompter | None:
     return prompter
 
 
+local_prompter = _local_prompter  # for an engine that loads the checkpoint itself (sim.record --engine vllm)
+
+
 def _check_tokenizer_json(path: Path) -> None:
     """The checkpoint's tokenizer JSON files, each strict JSON holding an object."""
     for name in TOKENIZER_JSON_FILES:

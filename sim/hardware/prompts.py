@@ -51,11 +51,11 @@ def read_prompt(path: str) -> PromptFile:
     return PromptFile(str(path), output_name(file.stem, str(path)), text, None, meta, str(path))
 
 
-def encode(prompt: PromptFile, prompter: Prompter, use_chat_template: bool) -> tuple[list[int], dict[str, Any]]:
-    """The prompt's token ids and header metadata."""
+def encode(prompt: PromptFile, prompter: Prompter | None, use_chat_template: bool) -> tuple[list[int], dict[str, Any]]:
+    """The prompt's token ids and header metadata (a trace's tokens need no `prompter`)."""
     if prompt.tokens is not None:
         return list(prompt.tokens), prompt.meta
-    assert prompt.text is not None  # a PromptFile holds either text or tokens
+    assert prompt.text is not None and prompter is not None  # a PromptFile holds either text or tokens
     tokens = prompter.prompt(prompt.text, use_chat_template)
     chat = use_chat_template and prompter.chat is not None
     return tokens, {**prompt.meta, "chat_template": chat}

