@@ -93,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help=f"measured prefills per length, 1..{MAX_PREFILL_ROUNDS} (default 5)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="measure draftlab's own torch loop (the default), or a real vLLM engine's steps: S(w) for steps "
+        "verifying w - 1 n-gram drafts, P for plain decoding, prefill; needs --contexts and the vllm extra "
+        "(docs/vllm.md); --rounds counts repeats of every prompt and --steps K1,K2 decodes K2 tokens per prompt",
+    )
     add_model_args(parser)
     return parser
 
@@ -175,6 +183,8 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
     steps, lengths = _check(args)
     contexts = _contexts(args)
     require_torch("python -m sim.measure")
+    if args.engine == "vllm":
+        return _measure_vllm(args, argv, contexts, steps[1])
     from sim.hardware.loading import model_from_args, model_limits
     from sim.hardware.measure import measure, profile_data, write_profile
 
@@ -227,6 +237,40 @@ def _fits_in_memory(what: str) -> Iterator[None]:
         if "allocate memory" not in str(err):  # the CPU allocator's out-of-memory; anything else is a bug
             raise
         raise UserError(f"{what} did not fit in memory ({str(err).splitlines()[0][:100]}): measure shorter") from None
+
+
+def _measure_vllm(args: argparse.Namespace, argv: list[str], contexts: list[int], steps: int) -> int:
+    """sim.measure --engine vllm: a profile of vLLM's engine step (sim/hardware/vllm_measure.py)."""
+    from sim.hardware.loading import checkpoint_path
+    from sim.hardware.measure import write_profile
+    from sim.hardware.vllm_engine import model_info, require_vllm
+    from sim.hardware.vllm_measure import measure, profile_data
+
+    if not contexts:
+        raise UserError("--engine vllm measures at context lengths: give --contexts N1,N2,... (e.g. 64,512,1024)")
+    for flag, bad in (
+        ("--arch", args.arch is not None),
+        ("--random-weights", args.random_weights),
+        ("--threads", args.threads is not None),
+        ("--dtype", args.dtype not in ("auto", "float32")),
+    ):
+        if bad:
+            raise UserError(f"--engine vllm: {flag} is not for vLLM, which loads a --model checkpoint in float32")
+    vllm = require_vllm()
+    path = checkpoint_path(args)
+    info = model_info(args.model, Path(path))
+    m = measure(path, args.max_width, contexts, steps, args.rounds, args.seed)
+    command = "python -m sim.measure " + shlex.join(argv)
+    import torch
+
+    from sim.hardware.model import _cpu_model
+
+    machine = f"cpu: {_cpu_model()}; vLLM {vllm.__version__} (eager, float32), torch {torch.__version__}"
+    model = f"{info['name']} (float32 in vLLM; {info.get('provenance') or info.get('path')})"
+    data = profile_data(m, profile_name(args), model, machine, command)
+    write_profile(args.out, data)
+    print(f"{args.out}: P={data['pipelined_ms']} ms  S(1..W)={data['sync_ms']} ms")
+    return 0
 
 
 def _measure_grid(

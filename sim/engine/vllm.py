@@ -103,8 +103,8 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
         accepted = 0
         while accepted < len(checked) and outputs[accepted] == checked[accepted]:
             accepted += 1
-        if len(checked) < len(proposal) and accepted == len(checked):
-            counters.unknown_steps += 1
+        if len(checked) < len(proposal) and accepted == len(checked) and proposal[accepted] == outputs[accepted]:
+            counters.unknown_steps += 1  # the last answer agrees with the next draft too: what came after is unknown
         if accepted < len(checked):
             target.rollback(len(checked) - accepted)
         # 4. vLLM's counters see the verify before any stop rule.
