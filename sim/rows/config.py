@@ -142,10 +142,11 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
     at = KeyLines(path, data.decode("utf-8"))
     if not isinstance(raw, dict) or "policy" not in raw:
         raise ConfigError(f"{at.where()}: expected a mapping with 'policy' and optional 'params'")
-    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes", DRAFTER_KEY})
+    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes", DRAFTER_KEY, SPECULATIVE_KEY})
     if extra:
         raise ConfigError(
-            f"{at.where(extra[0])}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes, drafter"
+            f"{at.where(extra[0])}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes, drafter, "
+            f"{SPECULATIVE_KEY}"
         )
     if not isinstance(raw["policy"], str):
         raise ConfigError(f"{at.where('policy')}: 'policy' must be a policy name, got {raw['policy']!r}")
@@ -168,10 +169,33 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
         config = make_config(raw["policy"], params)
     except ConfigError as err:
         raise ConfigError(f"{at.where('params', *_culprit(raw['policy'], params))}: {err}") from None
+    if SPECULATIVE_KEY in raw:
+        _check_speculative(raw[SPECULATIVE_KEY], config, at.where(SPECULATIVE_KEY))
     notes = raw.get("notes")
     found = _STUDY_NOTES.match(notes) if isinstance(notes, str) else None
     label = f"{found[1]} trial {found[2]}" if found else f"config:{Path(path).name}"
     return config, label
+
+
+SPECULATIVE_KEY = "speculative_config"  # a vLLM best.yaml's paste-ready JSON, beside its params
+
+
+def _check_speculative(text: Any, config: PolicyConfig, where: str) -> None:
+    """A config file's `speculative_config` must say what its params say (one edited without the other is an
+    error, not a silent choice between them)."""
+    import json
+
+    if config.engine != "vllm":
+        raise ConfigError(f"{where}: {SPECULATIVE_KEY} belongs to policy vllm only, not {config.policy}")
+    try:
+        pasted = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        pasted = None
+    if pasted != config.params.speculative_config():
+        raise ConfigError(
+            f"{where}: {SPECULATIVE_KEY} is not what params say ({json.dumps(config.params.speculative_config())}); "
+            "edit params and drop speculative_config, or make them agree"
+        )
 
 
 def _drafter_entry(value: Any, params: dict[str, Any]) -> dict[str, str]:

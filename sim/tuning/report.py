@@ -21,6 +21,7 @@ says it (`render`) and from best.yaml (`best_yaml`, written by `write_best`).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -323,12 +324,20 @@ def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
     if inputs.best is None or facts.config is None or facts.best_scores is None:
         return None
     spec = inputs.spec
-    return {
+    out = {
         "policy": facts.config.policy,
         "params": facts.config.settings(),
         "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
         f"over {len(_on(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
     }
+    if facts.config.engine == "vllm":  # what to paste into `vllm serve --speculative-config`
+        out["speculative_config"] = speculative_json(facts.config)
+    return out
+
+
+def speculative_json(config: PolicyConfig) -> str:
+    """A vLLM configuration's speculative_config as the one-line JSON `vllm serve --speculative-config` takes."""
+    return json.dumps(config.params.speculative_config(), separators=(", ", ": "))
 
 
 def write_best(out: Path, mapping: dict[str, Any]) -> None:
@@ -400,6 +409,14 @@ def _best_sections(inputs: ReportInputs, facts: Findings) -> list[str]:
     space = {d.name: d.describe() for d in spec.search_space}
     for key, value in facts.config.settings().items():
         lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {space.get(key, 'fixed')} |")
+    if facts.config.engine == "vllm":
+        args = "".join(f" --{k.replace('_', '-')} {v}" for k, v in facts.config.params.engine_args().items())
+        lines += [
+            "",
+            "For vLLM, as `vllm serve` takes it:",
+            "",
+            f"    vllm serve MODEL{args} --speculative-config '{speculative_json(facts.config)}'",
+        ]
     lines += [
         "",
         "## Objective and constraint values (on the rows the study searched)",

@@ -45,13 +45,15 @@ OBJECTIVES = {
     "jitter_geomean": "the geomean under robust.jitter lognormal noise on every time, averaged over robust.seeds",
 }
 VALIDATION_BY = ("trace", "group", "profile")
+ENGINES = ("mlxcel", "vllm")
 VALIDATION_METHODS = ("leave_one_out", "kfold")
 DEFAULT_GROUP = "all"  # the one group of a spec whose traces: is a plain list of globs
 CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
 SAMPLERS = ("tpe", "nsga2", "random")
 KEYS = {
     "name": "study name: the optuna study and the report folder runs/<name>/",
-    "policy": "registered policy family to tune",
+    "engine": "mlxcel (default: its governors) or vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md)",
+    "policy": "registered policy family to tune (with engine: vllm, vllm or left out)",
     "search_space": "parameter -> {low, high[, log, step]} or {choices: [...]}",
     "fixed": "parameter -> value held fixed in every trial",
     "traces": "list of trace globs (one group), or groups: name -> [globs] or {files: [globs], weight: w}",
@@ -325,6 +327,18 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
     return Dimension(name, kind.__name__, low, high, log, step)
 
 
+def _engine(r: _Reader, raw: dict[str, Any]) -> dict[str, Any]:
+    """`engine: vllm` makes the policy vllm (it may be left out); its method chooses the drafter."""
+    engine = raw.get("engine", "mlxcel")
+    if engine not in ENGINES:
+        raise r.fail(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine")
+    if engine == "vllm":
+        raw = {"policy": "vllm", **raw}
+        if raw["policy"] != "vllm" or "drafter" in raw:
+            raise r.fail("engine: vllm tunes vLLM's own keys (policy vllm; its method chooses the drafter)", "engine")
+    return raw
+
+
 def _policy(r: _Reader, raw: Any) -> type[Governor]:
     try:
         cls = policy_class(str(raw))
@@ -538,12 +552,15 @@ def load_spec(path: str | Path) -> StudySpec:
     raw = parse_yaml(text, path, StudyError)  # first: it refuses what would be costly to index below
     r = _Reader(path, text)
     r.check_keys(raw, KEYS)
+    raw = _engine(r, raw)
     for key in ("name", "policy", "traces", "profiles"):
         if key not in raw:
             raise r.fail(f"missing {key!r} ({KEYS[key]})")
     name = _name(r, raw["name"])
     cls = _policy(r, raw["policy"])
-    owners = {**{k: cls.Params for k in fields_of(cls.Params)}, **{k: LoopParams for k in fields_of(LoopParams)}}
+    owners = {k: cls.Params for k in fields_of(cls.Params)}
+    if cls.engine == "mlxcel":
+        owners.update({k: LoopParams for k in fields_of(LoopParams)})
     drafter = _drafter(r, raw.get("drafter"))
     if drafter is not None:
         owners.update({DRAFTER_PREFIX + k: drafter.Params for k in fields_of(drafter.Params)})
