@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for confirm.json and confirm.md"
     )
     parser.add_argument("--force", action="store_true", help="replace a confirm.json or confirm.md already in --out")
+    parser.add_argument(
+        "--engine",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="run the arms in draftlab's torch loop (the default) or in real vLLM engines, one per arm, each in a "
+        "process of its own (arms: policy vllm, e.g. --config a vLLM study's best.yaml; needs the vllm extra and "
+        "--model; docs/vllm.md)",
+    )
     add_model_args(parser)
     return parser
 
@@ -106,6 +114,8 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     caps = [effective_max_tokens(trace, args.max_tokens) for trace in traces]
 
     require_torch("python -m sim.confirm")
+    if args.engine == "vllm":
+        return _confirm_vllm(args, argv, traces, arms, profile, out)
     from sim.hardware.confirm import confirm, markdown, summary
     from sim.hardware.loading import model_from_args, model_limits
     from sim.hardware.model import versions
@@ -134,6 +144,51 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     data = dump_json(result, str(out / "confirm.json"), indent=1, sort_keys=True) + "\n"
     write_atomic_all([(out / "confirm.json", data), (out / "confirm.md", text)])
     print(text)
+    return 0
+
+
+def _confirm_vllm(
+    args: argparse.Namespace, argv: list[str], traces: list[Any], arms: list[Any], profile: Any, out: Path
+) -> int:
+    """sim.confirm --engine vllm: the arms in real vLLM engines (sim/hardware/vllm_confirm.py)."""
+    from sim.core.io import write_atomic_all
+    from sim.hardware.confirm import markdown, summary
+    from sim.hardware.loading import checkpoint_path
+    from sim.hardware.options import dump_json
+    from sim.hardware.vllm_confirm import confirm
+    from sim.hardware.vllm_engine import model_info, require_vllm
+
+    for flag, bad in (
+        ("--arch", args.arch is not None),
+        ("--random-weights", args.random_weights),
+        ("--scripted", args.scripted),
+        ("--threads", args.threads is not None),
+        ("--dtype", args.dtype not in ("auto", "float32")),
+    ):
+        if bad:
+            raise UserError(f"--engine vllm: {flag} is not for vLLM, which decodes a --model checkpoint for itself")
+    vllm = require_vllm()
+    path = checkpoint_path(args)
+    rows, engines = confirm(path, traces, arms, profile, args.reps, args.max_tokens, args.seed)
+    result = {
+        "command": "python -m sim.confirm " + shlex.join(argv),
+        "versions": {"vllm": vllm.__version__},
+        "engine": "vllm",
+        "engines": engines,
+        "model": model_info(args.model, Path(path)),
+        "profile": {**profile.as_dict(), "path": args.profile, "meta": profile.meta},
+        "traces": [{"name": t.name, "path": t.path, "sha256": t.sha256} for t in traces],
+        "arms": [a.as_dict() for a in arms],
+        "reps": args.reps,
+        "scripted": False,
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        "control": args.control,
+        "summary": summary(rows, arms, args.control),
+    }
+    data = dump_json(result, str(out / "confirm.json"), indent=1, sort_keys=True) + "\n"
+    write_atomic_all([(out / "confirm.json", data), (out / "confirm.md", markdown(result))])
+    print(markdown(result))
     return 0
 
 

@@ -138,7 +138,7 @@ def _record_vllm(args: argparse.Namespace, argv: list[str], prompts: list[Prompt
     from sim.hardware.loading import checkpoint_path
     from sim.hardware.model import local_prompter
     from sim.hardware.prompts import encode
-    from sim.hardware.vllm_engine import Engine, model_info, record_one, require_vllm
+    from sim.hardware.vllm_engine import in_fresh_process, model_info, record_all, require_vllm
 
     bounded(args.max_model_len, "--max-model-len", 2, 1 << 20)
     for flag, bad in (
@@ -167,11 +167,13 @@ def _record_vllm(args: argparse.Namespace, argv: list[str], prompts: list[Prompt
                 f"--max-model-len {args.max_model_len}"
             )
         encoded.append((prompt, tokens, meta))
-    engine = Engine(path, None, args.max_model_len, args.seed)
     command = "python -m sim.record " + shlex.join(argv)
     info = model_info(args.model, path)
-    for prompt, tokens, meta in encoded:
-        trace, count, stop = record_one(engine, prompt.name, tokens, meta, out, args.max_tokens, command, info)
+    jobs = [(prompt.name, tokens, meta) for prompt, tokens, meta in encoded]
+    written = in_fresh_process(
+        record_all, str(path), jobs, out, args.max_tokens, args.max_model_len, args.seed, command, info
+    )
+    for (trace, count, stop), (_, tokens, _) in zip(written, jobs, strict=True):
         print(f"{trace}: {len(tokens)} prompt tokens, {count} tokens, stop={stop}")
     return 0
 

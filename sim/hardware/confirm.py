@@ -63,6 +63,7 @@ class RunResult:
     ms: float
     tokens: list[int]
     counters: Counters | None  # None for plain decoding (not a loop run)
+    engine: dict[str, Any] | None = None  # vLLM's per-step record (sim/hardware/vllm_confirm.py), else None
 
 
 def run_arm(
@@ -222,9 +223,15 @@ def _rows(
             row["predicted_speedup"] = 1.0
             row["predicted_ms"] = predicted.plain_time_ms
         else:
-            counters = [dataclasses.asdict(r.counters) for r in faithful if r.counters is not None]
-            replayed = dataclasses.asdict(predicted.counters)
-            row["counters"] = dataclasses.asdict(results[0].counters) if results[0].counters else None
+            if arm.config.engine == "vllm":  # vLLM's own per-step record against the replay's
+                assert predicted.engine is not None
+                counters = [r.engine for r in faithful if r.engine is not None]
+                replayed = {k: predicted.engine[k] for k in ("per_step_drafted", "per_step_accepted")}
+                row["counters"] = results[0].engine
+            else:
+                counters = [dataclasses.asdict(r.counters) for r in faithful if r.counters is not None]
+                replayed = dataclasses.asdict(predicted.counters)
+                row["counters"] = dataclasses.asdict(results[0].counters) if results[0].counters else None
             row["counters_replay"] = replayed
             row["counters_match"] = all(c == replayed for c in counters)  # the loop is shared: must be equal
             row["counters_compared"] = len(counters)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,10 +217,36 @@ def record_one(
     return final, len(output.tokens), output.stop
 
 
+def preload_openmp() -> None:
+    """Put vLLM's bundled Intel OpenMP runtime in LD_PRELOAD for the processes started from now on: vLLM's CPU
+    backend asks for it, and its speculative steps ran several times slower here without it. A process cannot
+    preload a library into itself, hence its engines run in children (`in_fresh_process`)."""
+    library = Path(sys.prefix) / "lib" / "libiomp5.so"
+    loaded = os.environ.get("LD_PRELOAD", "")
+    if library.is_file() and str(library) not in loaded.split(":"):
+        os.environ["LD_PRELOAD"] = f"{library}:{loaded}" if loaded else str(library)
+
+
+def record_all(
+    model: str,
+    jobs: list[tuple[str, list[int], dict[str, Any]]],
+    out_dir: Path,
+    max_tokens: int,
+    max_model_len: int,
+    seed: int,
+    command: str,
+    info: dict[str, Any],
+) -> list[tuple[Path, int, str]]:
+    """`record_one` for every (name, prompt, meta), in one engine (run it in a fresh process)."""
+    engine = Engine(model, None, max_model_len, seed)
+    return [record_one(engine, name, prompt, meta, out_dir, max_tokens, command, info) for name, prompt, meta in jobs]
+
+
 def in_fresh_process(function: Callable[..., T], *args: Any) -> T:
     """`function(*args)` in a fresh Python process, its result sent back. vLLM 0.32 cannot start a second engine
     in a process that has run one (its CPU kernel overrides are registered once per process), so every engine a
     command starts, one per configuration, gets a process of its own."""
+    preload_openmp()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(function, *args).result()
