@@ -96,11 +96,13 @@ def record(names: list[str], force: bool) -> None:
 def replay_counters(traces: list[Trace], params: VllmParams) -> list[dict[str, Any]]:
     """The vllm engine model's counters per trace, in request order (one stream for suffix's global cache)."""
     config = make_config("vllm", dataclasses.asdict(params))
-    stream = Stream([trace.tokens[:CAP] for trace in traces]) if params.method == "suffix" else None
+    stream = Stream() if params.method == "suffix" else None
     out = []
     for place, trace in enumerate(traces):
         world = World(stream, place) if stream is not None else None
         result = run_trace(trace, config, max_tokens=CAP, world=world)
+        if stream is not None:
+            stream.add(result.engine.sampled)  # what vLLM's suffix cache keeps of this reply for the next requests
         out.append({"tokens": result.tokens, **result.engine.as_dict()})
     return out
 
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from sim.hardware.vllm_engine import require_vllm
 
-    vllm = require_vllm()
+    vllm_version = require_vllm()
     names = prompt_names()[: args.prompts]
     from sim.hardware.vllm_engine import in_fresh_process
 
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     listing = "".join(f"{t.sha256}  {Path(t.path).name}\n" for t in traces)
     out = {
         "command": command_line("benchmarks/vllm_conformance.py", argv),
-        "vllm_version": vllm.__version__,
+        "vllm_version": vllm_version,
         "model": MODEL,
         "cap": CAP,
         "headroom": HEADROOM,
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
     lines = [
-        f"# vLLM conformance: {len(traces)} requests x {len(results)} configurations, vLLM {vllm.__version__}",
+        f"# vLLM conformance: {len(traces)} requests x {len(results)} configurations, vLLM {vllm_version}",
         "",
         f"Command: `{out['command']}`",
         "",

@@ -164,7 +164,7 @@ class VllmParams:
         if self.method == "ngram":
             return {"drafter": "ngram"}
         return {
-            "drafter": "suffix",
+            "drafter": "vllm_suffix",
             "drafter.max_tree_depth": self.suffix_decoding_max_tree_depth,
             "drafter.max_spec_factor": self.suffix_decoding_max_spec_factor,
             "drafter.min_token_prob": self.suffix_decoding_min_token_prob,

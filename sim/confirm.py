@@ -167,12 +167,12 @@ def _confirm_vllm(
     ):
         if bad:
             raise UserError(f"--engine vllm: {flag} is not for vLLM, which decodes a --model checkpoint for itself")
-    vllm = require_vllm()
+    vllm_version = require_vllm()
     path = checkpoint_path(args)
     rows, engines = confirm(path, traces, arms, profile, args.reps, args.max_tokens, args.seed)
     result = {
         "command": "python -m sim.confirm " + shlex.join(argv),
-        "versions": {"vllm": vllm.__version__},
+        "versions": {"vllm": vllm_version},
         "engine": "vllm",
         "engines": engines,
         "model": model_info(args.model, Path(path)),

