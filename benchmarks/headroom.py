@@ -29,7 +29,7 @@ from typing import Any
 
 from _harness import command_line, progress, table, wrote
 
-from policies import REGISTRY
+from policies import REGISTRY, governors
 from sim.core.io import write_atomic
 from sim.engine.costs import Profile, load_profile
 from sim.engine.trace import Trace, read_trace
@@ -89,9 +89,7 @@ HELD_OUT_GROUP = "bundled"  # the group of the five bundled traces in DISTILLED_
 def configurations() -> list[tuple[str, PolicyConfig, dict[str, str]]]:
     """(label, configuration, where it came from) for every causal policy's defaults and every committed best."""
     out = []
-    for name in sorted(REGISTRY):
-        if not REGISTRY[name].causal:
-            continue
+    for name in governors(causal_only=True):
         if name == "distilled":  # its bundled model was trained on every group of DISTILLED_SPEC, these rows too
             label = "distilled (defaults: bundled model edits, in sample)"
             out.append((label, make_config(name, {}), {"source": f"defaults; trained by {DISTILLED_SPEC}"}))

@@ -4,6 +4,6 @@
 # read the cost profile (goodput, hedge, regime, threshold), one learnt offline from hindsight (distilled) and the
 # hindsight oracle (not causal: replay only); and `vllm`, vLLM's speculative_config, replayed by its own engine loop.
 from . import distilled, fixed, gated, goodput, graded, hedge, heuristic, off, oracle, regime, threshold, vllm  # noqa: F401
-from .base import REGISTRY, policy_class, register
+from .base import REGISTRY, governors, policy_class, register
 
-__all__ = ["REGISTRY", "policy_class", "register"]
+__all__ = ["REGISTRY", "governors", "policy_class", "register"]

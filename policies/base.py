@@ -17,6 +17,12 @@ register = REGISTRY.register
 policy_class = REGISTRY.get_class
 
 
+def governors(causal_only: bool = False) -> list[str]:
+    """The governors of mlxcel's loop by name, sorted (not `vllm`, a configuration of another engine); with
+    `causal_only`, without the hindsight oracle."""
+    return sorted(n for n, c in REGISTRY.items() if c.engine == "mlxcel" and (c.causal or not causal_only))
+
+
 def round_half_away_from_zero(x: float) -> int:
     # Rust's f64::round, which mlxcel uses; Python's round() would send 2.5 to 2.
     return int(math.copysign(math.floor(abs(x) + 0.5), x))

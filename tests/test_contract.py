@@ -8,7 +8,7 @@ from conftest import BUNDLED_TRACES, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import REGISTRY
+from policies import REGISTRY, governors
 from sim.core.errors import ConfigError
 from sim.drafters.lookup import PromptLookup
 from sim.engine.actions import READ, STEP
@@ -20,7 +20,7 @@ from sim.rows.replay import replay
 
 # The oracle answers from a schedule computed from the whole trace first: tests/test_oracle.py holds it to these
 # invariants through the ordinary replay.
-POLICIES = sorted(name for name, cls in REGISTRY.items() if cls.causal)
+POLICIES = governors(causal_only=True)
 # The profile governors that read costs are bound to (prices every width up to 10, so max_draft up to 9).
 COSTS = load_profile("gb10-qwen3-8b-4bit")
 

@@ -17,7 +17,7 @@ from conftest import BUNDLED_TRACES
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies import REGISTRY
+from policies import governors
 from policies.cost_table import best_width
 from policies.distilled import Distilled
 from policies.goodput import BUCKETS, Goodput
@@ -363,7 +363,7 @@ def test_flat_time_is_the_recurrence_on_generated_logs(widest, prompt_tokens, da
     assert flat_time(actions, *flat_costs(profile, widest), profile.prefill_ms(prompt_tokens)) == expected
 
 
-POLICIES = sorted(REGISTRY)  # every registered policy, the hindsight oracle too
+POLICIES = governors()  # every governor, the hindsight oracle too (vllm: tests/test_vllm_engine.py)
 
 
 @PROPERTY

@@ -9,7 +9,7 @@ import random
 import pytest
 from conftest import BUNDLED_TRACES
 
-from policies import REGISTRY
+from policies import governors
 from policies.cost_table import CostTable, best_width
 from sim.core.errors import ConfigError
 from sim.core.protocols import Governor
@@ -23,7 +23,7 @@ from sim.rows.replay import drafter_for, run_trace
 GB10 = ["gb10-meta-llama-3.1-8b-instruct-4bit", "gb10-qwen3-1.7b-4bit", "gb10-qwen3-4b-4bit", "gb10-qwen3-8b-4bit"]
 # Every causal policy at its defaults, and the distilled governor's other bundled model, which also moves its
 # estimates by the reply's own counts (shrink > 0).
-CAUSAL = sorted(name for name, cls in REGISTRY.items() if cls.causal) + ["distilled:model=smollm2"]
+CAUSAL = governors(causal_only=True) + ["distilled:model=smollm2"]
 # Pipelined step 10 ms, synchronous forwards S(1..6) = 11, 15, 19, 31, 21, 26 ms: host gap g = S(1) - P = 1,
 # device d(w) = S(w) - g. P = max(d(1), g) = 10 and C(w) = d(w + 1) + g = S(w + 1) = 15, 19, 31, 21, 26 for
 # w = 1..5: a width-5 forward (w = 4) costs less than a width-4 one (w = 3), so costs are not convex.

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_contract import check_run
 
-from policies import REGISTRY, policy_class
+from policies import governors, policy_class
 from policies.oracle import Oracle, OracleParams
 from sim.core.errors import ConfigError
 from sim.core.protocols import Decision, reads_costs
@@ -55,7 +55,7 @@ def test_schedule_replays_to_the_same_time_to_the_last_bit(profile_name, loop):
 
 def test_no_causal_policy_beats_the_oracle():
     profiles = [load_profile(name) for name in GB10] + [HOST_BOUND]
-    causal = sorted(name for name, cls in REGISTRY.items() if cls.causal)
+    causal = governors(causal_only=True)
     for path in BUNDLED_TRACES:
         trace = read_trace(path)
         for profile in profiles:

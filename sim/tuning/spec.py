@@ -52,7 +52,6 @@ CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.
 SAMPLERS = ("tpe", "nsga2", "random")
 KEYS = {
     "name": "study name: the optuna study and the report folder runs/<name>/",
-    "engine": "mlxcel (default: its governors) or vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md)",
     "policy": "registered policy family to tune (with engine: vllm, vllm or left out)",
     "search_space": "parameter -> {low, high[, log, step]} or {choices: [...]}",
     "fixed": "parameter -> value held fixed in every trial",
@@ -73,6 +72,7 @@ KEYS = {
     "confirm": "{noise: per-run sd of a paired log ratio (default 0.02), power: 0.5..0.99 (default 0.8)}",
     "notes": "free text",
     "drafter": "drafter of every trial: lookup (default) or suffix; search or fix its parameters as drafter.KEY",
+    "engine": "mlxcel (default: its governors) or vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md)",
 }
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
 RUNS = "runs"  # a user's studies: storage runs/<name>.db and report runs/<name>/, relative to where they run
