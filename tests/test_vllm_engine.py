@@ -266,3 +266,54 @@ def test_params_round_trip_through_flat_settings():
     config = make_config("vllm", dataclasses.asdict(params))
     assert config.params == params
     assert isinstance(config.params, VllmParams) and config.governor().budget() == 3
+
+
+def test_tuning_fast_paths_equal_the_reference_replay_for_vllm_configurations():
+    """The study evaluator's rows (flat timing, shared plain times) equal sim.rows.replay's, to the last bit."""
+    from sim.engine.costs import load_profile
+    from sim.engine.timing import recurrence_timing
+    from sim.rows.replay import replay
+    from sim.tuning.evaluation import MatrixEvaluator
+
+    traces = [read_trace(str(p)) for p in BUNDLED_TRACES]
+    profiles = [load_profile("gb10-qwen3-8b-4bit"), load_profile("cpu-smollm2-135m-instruct")]
+    matrix = MatrixEvaluator(traces, profiles)
+    for values in (
+        {"num_speculative_tokens": 5, "prompt_lookup_min": 2},
+        {"method": "suffix", "num_speculative_tokens": 6},
+    ):
+        config = make_config("vllm", values)
+        rows = matrix.evaluate(config)
+        expected = [replay(t, config, p, model=recurrence_timing) for t in traces for p in profiles]
+        assert [(r.time_ms, r.plain_time_ms) for r in rows] == [(r.time_ms, r.plain_time_ms) for r in expected]
+
+
+def test_vllm_study_spec_searches_vllms_keys_and_best_yaml_pastes(tmp_path):
+    from sim.tuning.spec import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: v\nengine: vllm\ntraces: [traces/email.jsonl]\nprofiles: [gb10-qwen3-8b-4bit]\n"
+        "search_space:\n  num_speculative_tokens: {low: 1, high: 6}\n  prompt_lookup_min: {low: 1, high: 3}\n"
+        "baseline: {policy: vllm, params: {num_speculative_tokens: 4, prompt_lookup_min: 2, prompt_lookup_max: 3}}\n"
+    )
+    loaded = load_spec(spec)
+    assert loaded.policy == "vllm" and [d.name for d in loaded.search_space] == [
+        "num_speculative_tokens",
+        "prompt_lookup_min",
+    ]
+    spec.write_text(spec.read_text().replace("prompt_lookup_min", "max_draft"))
+    with pytest.raises(Exception, match="max_draft"):
+        load_spec(spec)
+    config = tmp_path / "best.yaml"
+    config.write_text(
+        "policy: vllm\nparams: {num_speculative_tokens: 3, prompt_lookup_min: 2, prompt_lookup_max: 4}\n"
+        'speculative_config: \'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, '
+        '"prompt_lookup_max": 4}\'\n'
+    )
+    from sim.rows.config import read_config_file
+
+    assert read_config_file(config)[0].params.k == 3
+    config.write_text(config.read_text().replace('"num_speculative_tokens": 3', '"num_speculative_tokens": 5'))
+    with pytest.raises(ConfigError, match="is not what params say"):
+        read_config_file(config)
