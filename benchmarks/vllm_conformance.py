@@ -1,5 +1,5 @@
 """Replay under `--engine vllm` against a real vLLM, request by request and step by step:
-`python benchmarks/vllm_conformance.py` (needs the vllm extra; about 20 minutes on 2 cores).
+`python benchmarks/vllm_conformance.py` (needs the vllm extra; about 25 minutes on 2 cores).
 
 1. Record (once): every prompt greedily through vLLM without speculation, logprobs=2, with HEADROOM tokens beyond
    the reply cap, so that a draft reaching past the cap is still answered by the trace. The traces are committed in
@@ -10,9 +10,12 @@
    suffix as one stream in the same request order, since vLLM's suffix cache spans requests).
 4. Compare, per request: the emitted tokens against the trace (a difference is a near-tie flipped by vLLM's own
    verify: counted, with the margin at the flip, and its counters not compared), then vLLM's per-step lists
-   against the replay's, exactly. Anything else is a mismatch, listed with its first differing step.
+   against the replay's, exactly. A difference is `unknowable` only for suffix, after an earlier reply of the stream
+   ended on an accepted EOS draft: vLLM's cache then holds the token sampled after that EOS, which no trace
+   records (docs/vllm.md, section 5). Anything else is a mismatch, listed with its first differing step.
 
-Also kept per request: the wall time of the generate call, for the closed loop (benchmarks/vllm_closed_loop.py).
+Also kept per request: the wall time of the generate call (one run: the closed loop with repetitions is
+benchmarks/vllm_closed_loop.py).
 Writes results/benchmarks/vllm_conformance.{json,md} (ignored by git) unless --out names another file; the committed
 benchmarks/results/vllm_conformance.json is this command's output with --out benchmarks/results/vllm_conformance.json.
 """
@@ -97,13 +100,15 @@ def replay_counters(traces: list[Trace], params: VllmParams) -> list[dict[str, A
     """The vllm engine model's counters per trace, in request order (one stream for suffix's global cache)."""
     config = make_config("vllm", dataclasses.asdict(params))
     stream = Stream() if params.method == "suffix" else None
+    unknown = False  # an earlier reply of the stream ended on an accepted EOS draft (docs/vllm.md, section 5)
     out = []
     for place, trace in enumerate(traces):
         world = World(stream, place) if stream is not None else None
         result = run_trace(trace, config, max_tokens=CAP, world=world)
+        out.append({"tokens": result.tokens, **result.engine.as_dict(), "earlier_unknown_tail": unknown})
         if stream is not None:
             stream.add(result.engine.sampled)  # what vLLM's suffix cache keeps of this reply for the next requests
-        out.append({"tokens": result.tokens, **result.engine.as_dict()})
+            unknown = unknown or result.engine.unknown_tail
     return out
 
 
@@ -129,7 +134,7 @@ def compare(trace: Trace, measured: Any, replayed: dict[str, Any]) -> dict[str, 
         measured.per_step_drafted == replayed["per_step_drafted"]
         and measured.per_step_accepted == replayed["per_step_accepted"]
     )
-    row["verdict"] = "exact" if same else "mismatch"
+    row["verdict"] = "exact" if same else "unknowable" if replayed["earlier_unknown_tail"] else "mismatch"
     if not same:
         pairs = zip(
             zip(measured.per_step_drafted, measured.per_step_accepted, strict=False),
@@ -163,7 +168,7 @@ def run_config(raw: dict[str, Any], traces: list[Trace]) -> dict[str, Any]:
     replayed = replay_counters(traces, dataclasses.replace(params, max_model_len=MAX_MODEL_LEN))
     start_s, outputs = in_fresh_process(measure, raw, [list(t.prompt_tokens) for t in traces])
     rows = [compare(t, o, r) for t, o, r in zip(traces, outputs, replayed, strict=True)]
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("exact", "flip", "mismatch")}
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("exact", "flip", "unknowable", "mismatch")}
     return {
         "speculative_config": params.speculative_config(),
         "engine_start_s": start_s,
@@ -228,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `{out['command']}`",
         "",
         table(
-            ["speculative_config", "exact", "flip", "mismatch"],
-            [[json.dumps(r["speculative_config"]), r["exact"], r["flip"], r["mismatch"]] for r in results],
+            ["speculative_config", "exact", "flip", "unknowable", "mismatch"],
+            [
+                [json.dumps(r["speculative_config"]), r["exact"], r["flip"], r["unknowable"], r["mismatch"]]
+                for r in results
+            ],
         ),
     ]
     markdown = path.with_suffix(".md")

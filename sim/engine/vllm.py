@@ -47,6 +47,9 @@ class VllmCounters:
     # every token the engine sampled, before the stop rules cut them (EOS and accepted drafts past the cap
     # included): what vLLM's suffix cache keeps of the reply for the requests after it
     sampled: list[int] = field(default_factory=list, repr=False)
+    # the reply ended on an accepted draft of its last recorded token: vLLM sampled one token more, which no
+    # trace records, so `sampled` lacks it (a later request's suffix cache may differ there)
+    unknown_tail: bool = False
 
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_pos:
@@ -107,10 +110,15 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
         accepted = 0
         while accepted < len(checked) and outputs[accepted] == checked[accepted]:
             accepted += 1
-        if len(checked) < len(proposal) and accepted == len(checked) and proposal[accepted] == outputs[accepted]:
-            counters.unknown_steps += 1  # the last answer agrees with the next draft too: what came after is unknown
         if accepted < len(checked):
             target.rollback(len(checked) - accepted)
+        kept = outputs[: accepted + 1]  # the accepted drafts and the target's token after them
+        if len(checked) < len(proposal) and accepted == len(checked) and proposal[accepted] == outputs[accepted]:
+            # The trace's last answer (its EOS, or its last token) equals the next draft as well: vLLM accepts it,
+            # and what it would answer after it is unknown. The stop rules end the reply there either way.
+            accepted += 1
+            counters.unknown_steps += accepted < len(proposal)
+            counters.unknown_tail = True
         # 4. vLLM's counters see the verify before any stop rule.
         if proposal:
             counters.observe(len(proposal), accepted)
@@ -118,11 +126,11 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
             c.proposed += len(proposal)
             c.accepted += accepted
             governor.record(accepted)
-        counters.sampled += outputs[: accepted + 1]
+        counters.sampled += kept
         # 5. Keep the accepted drafts and the token after them, cut at EOS and at the cap.
         landed = 0
         eos = False
-        for token in outputs[: accepted + 1]:
+        for token in kept:
             if target.is_eos(token):
                 eos = True
                 break

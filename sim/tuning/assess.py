@@ -232,19 +232,27 @@ def plan(
                 f"| {_reps(effect, noise * spread, power)} |"
             )
     listed = trace_arguments(spec, {r.trace.path for r in rows.base})  # the spec's globs, as a shell expands them
+    # a vLLM study confirms on real vLLM engines, with the model the traces were recorded from
+    engine = f" --engine vllm --model {_model(rows)}" if spec.baseline.engine == "vllm" else ""
     lines += [
         "",
         "Command, with the profile sim.measure wrote for the machine and model you confirm on, and --reps from "
         "the table for what you want to resolve:",
         "",
         f"    python -m sim.confirm {listed} --profile PROFILE.yaml --policies {control} --config {best_yaml} "
-        f"--control {control} --reps N --out results/confirm-{spec.name}",
+        f"--control {control} --reps N{engine} --out results/confirm-{spec.name}",
         "",
         "sim.confirm reports each row's paired ratio candidate/control with its 95% interval and whether the "
         "predicted effect was confirmed, refuted or unresolved.",
         "",
     ]
     return lines
+
+
+def _model(rows: Paired) -> str:
+    """The model the rows' traces name (a catalog name or a checkpoint), else MODEL for the user to fill in."""
+    names = {str(r.trace.header.get("model", "")) for r in rows.base}
+    return names.pop() if len(names) == 1 and "" not in names else "MODEL"
 
 
 def weighted_effect(rows: Paired, idx: Sequence[int], weights: dict[str, float]) -> tuple[float, float]:
