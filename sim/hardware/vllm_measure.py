@@ -10,8 +10,9 @@ one request at a time by hand (`LLMEngine.step`), timing every step. A step's wi
 before it: vLLM's n-gram rule (sim/drafters/ngram.py, held equal to vLLM's own by the conformance benchmark and
 tests/test_vllm_real.py) says what it drafts. Two prompts per context length: a repeating cycle of tokens (the
 model continues it, so nearly every step drafts K) and distinct tokens (nearly nothing matches: width 1). Samples
-are pooled by (context, width) and the medians kept; P and prefill come from an engine without speculation, as
-the difference of generate calls with 1 and `steps` tokens, and from the first step's time.
+are kept by (context, width), a width w > 1 from the engine speculating w - 1 tokens, and their medians written.
+P comes from an engine without speculation, as the difference of generate calls with 1 and `steps` tokens per
+token after the first; prefill from the 1-token calls, fitted over the context lengths.
 """
 
 from __future__ import annotations
@@ -91,9 +92,14 @@ def measure(model: str, max_width: int, contexts: list[int], steps: int, rounds:
 
     plain = in_fresh_process(plain_samples, model, contexts, steps, rounds, seed)
     sync: dict[int, dict[int, list[float]]] = {n: defaultdict(list) for n in contexts}
+    pooled: dict[int, dict[int, list[float]]] = {n: defaultdict(list) for n in contexts}
     for k in range(1, max_width):
         for n, width, ms in in_fresh_process(step_samples, model, k, contexts, steps, rounds, seed):
-            sync[n][width].append(ms)
+            pooled[n][width].append(ms)
+            # A step of width w > 1 is priced by the engine configured for w - 1 drafts, the one a configuration
+            # that drafts that many runs (an engine's per-step work depends on its K a little, not only the width).
+            if width == 1 or width == k + 1:
+                sync[n][width].append(ms)
     if max_width == 1:  # width 1 alone: from an engine whose drafts rarely match
         for n, width, ms in in_fresh_process(step_samples, model, 1, contexts, steps, rounds, seed):
             sync[n][width].append(ms)
@@ -104,7 +110,7 @@ def measure(model: str, max_width: int, contexts: list[int], steps: int, rounds:
                 f"no vLLM step of width {', '.join(map(str, missing))} was seen at context {n}; raise --rounds or "
                 "--steps"
             )
-    return {"sync": sync, **plain}
+    return {"sync": sync, "pooled": pooled, **plain}
 
 
 def profile_data(m: dict[str, Any], name: str, model: str, machine: str, command: str) -> dict[str, Any]:
@@ -127,6 +133,11 @@ def profile_data(m: dict[str, Any], name: str, model: str, machine: str, command
     else:
         fixed, per_token, per_token2, how = medians[contexts[0]], 0.0, 0.0, "the one length's median"
     counts = {str(n): {str(w): len(v) for w, v in sorted(m["sync"][n].items())} for n in contexts}
+    # the same widths' medians from every engine that ran them, for comparison with the ones kept
+    pooled = {
+        str(n): {str(w): round(statistics.median(v), 4) for w, v in sorted(m["pooled"][n].items()) if v}
+        for n in contexts
+    }
     data: dict[str, Any] = {
         "name": name,
         "model": model,
@@ -148,7 +159,7 @@ def profile_data(m: dict[str, Any], name: str, model: str, machine: str, command
             "source": f"{how} through the median time of a 1-token generate at prompt lengths "
             + ", ".join(f"{n} ({v:.3f} ms)" for n, v in medians.items()),
         },
-        "measurements": {"samples": counts},
+        "measurements": {"samples": counts, "pooled_medians_ms": pooled},
     }
     if len(contexts) == 1:
         data.update(pipelined_ms=pipelined[0], sync_ms=sync[0])
