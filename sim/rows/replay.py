@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.oracle import Oracle
-from sim.core.errors import ConfigError
+from sim.core.errors import ConfigError, ProfileError
 from sim.core.protocols import Drafter, ForwardCosts, Governor
 from sim.drafters.lookup import PromptLookup
 from sim.drafters.registry import DrafterConfig, drafter_class
@@ -111,7 +111,13 @@ def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile])
     profiles = list(profiles)
     for config in configs:
         for profile in profiles:
-            profile.check_width(config.loop.verify_width)
+            try:
+                profile.check_width(config.loop.verify_width)
+            except ProfileError as err:
+                if config.engine != "vllm":
+                    raise
+                # a vLLM configuration's width is num_speculative_tokens + 1: name its own key
+                raise ProfileError(str(err).replace("lower max_draft", "lower num_speculative_tokens")) from None
 
 
 def require_oracle_drafter(drafter: DrafterConfig, remedy: str) -> None:
