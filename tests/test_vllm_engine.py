@@ -317,3 +317,59 @@ def test_vllm_study_spec_searches_vllms_keys_and_best_yaml_pastes(tmp_path):
     config.write_text(config.read_text().replace('"num_speculative_tokens": 3', '"num_speculative_tokens": 5'))
     with pytest.raises(ConfigError, match="is not what params say"):
         read_config_file(config)
+
+
+# ---------------------------------------------------------------- vLLM's SuffixDecoding (docs/vllm.md, section 5)
+
+
+def test_vllm_suffix_takes_the_first_of_equally_seen_children_not_the_latest():
+    from sim.drafters.suffix import SuffixDrafter, SuffixParams
+    from sim.drafters.vllm_suffix import VllmSuffixDrafter
+
+    alone = SuffixParams(max_cached_requests=0)  # the request tree alone
+    context = [5, 1, 7, 8, 5, 1, 2, 3, 5, 1]  # "5 1" went on as "7 8" first, then as "2 3"
+    assert VllmSuffixDrafter(alone, context, 4).propose(context, 24) == [7, 8]
+    assert SuffixDrafter(alone, context, 4).propose(context, 24) == [2, 3]
+
+
+def test_vllm_suffix_global_tree_holds_the_reply_being_generated():
+    from sim.drafters.stream import Stream, World
+    from sim.drafters.suffix import SuffixParams
+    from sim.drafters.vllm_suffix import VllmSuffixDrafter
+
+    # the earlier reply "1 2 3 4" would give "3 4" at score 2, but "1 2" also occurs twice in this reply, so the
+    # global tree halves its probabilities and the request tree's "6 1" (1/2 each) wins the tie
+    context = [7, 7, 7, 7, 1, 2, 6, 1, 2]
+    drafter = VllmSuffixDrafter(SuffixParams(), context, 4, World(Stream([[1, 2, 3, 4]]), 1))
+    assert drafter.propose(context, 24) == [6, 1]
+    # with no stream the global tree is this reply alone: "5 1" -> "2 3" at 1/2 each beats the request tree
+    context = [5, 1, 7, 8, 5, 1, 2, 3, 5, 1]
+    assert VllmSuffixDrafter(SuffixParams(), context, 4).propose(context, 24) == [2, 3]
+
+
+def test_vllm_suffix_never_matches_the_whole_pattern():
+    from sim.drafters.stream import Stream, World
+    from sim.drafters.suffix import SuffixParams
+    from sim.drafters.vllm_suffix import VllmSuffixDrafter
+
+    # the whole context "1 2 3" occurs in the earlier reply, but matches stop one short of it: m = 2, cap 2
+    drafter = VllmSuffixDrafter(SuffixParams(), [1, 2, 3], 2, World(Stream([[1, 2, 3, 4, 5, 6]]), 1))
+    assert drafter.propose([1, 2, 3], 24) == [4, 5]
+
+
+def test_vllm_suffix_answers_any_k_at_any_length_it_reached():
+    from sim.drafters.suffix import SuffixParams
+    from sim.drafters.vllm_suffix import VllmSuffixDrafter
+
+    trace = read_trace(str(BUNDLED_TRACES[0]))
+    context = list(trace.prompt_tokens + trace.tokens)
+    prompt = len(trace.prompt_tokens)
+    whole = VllmSuffixDrafter(SuffixParams(), context, prompt)
+    last = len(context)
+    first = whole.propose(context, 8)  # grown to the end at once
+    live = VllmSuffixDrafter(SuffixParams(), context[:prompt], prompt)
+    for length in range(prompt + 1, last + 1):
+        live.propose(context[:length], 3)  # grown one token at a time
+    assert live.propose(context, 8) == first
+    for length in range(prompt + 1, last + 1, 17):
+        assert whole.propose(context[:length], 5) == live.propose(context[:length], 5)
