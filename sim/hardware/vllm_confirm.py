@@ -82,6 +82,15 @@ def confirm(
     for arm in arms:
         if arm.config is not None and arm.config.engine != "vllm":
             raise ModelError(f"--engine vllm confirms vLLM configurations (policy vllm), not arm {arm.label}")
+        params = arm.config.params if arm.config is not None else None
+        if params is not None and params.method == "suffix" and params.suffix_decoding_max_cached_requests > 0:
+            # The engine's suffix cache spans every request it serves, and a confirmation repeats each prompt:
+            # later repetitions would draft from the earlier replies of the same prompt, which replaying one
+            # trace does not model.
+            raise ModelError(
+                f"arm {arm.label}: a confirmation repeats its prompts, and vLLM's suffix cache keeps every reply "
+                "it served; confirm suffix with suffix_decoding_max_cached_requests=0 (each request alone)"
+            )
     caps = [effective_max_tokens(trace, max_tokens) or len(trace.tokens) + 1 for trace in traces]
     workers: dict[str, Worker] = {}
     try:
