@@ -32,6 +32,8 @@ LEFT_OUT = {
     "python benchmarks/long_context_cpu.py": "runs for minutes; a benchmark, rerun by hand",
     "python benchmarks/closed_loop_real.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
     "python benchmarks/tune_then_confirm.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
+    "python benchmarks/vllm_conformance.py": "needs the vllm extra and runs for half an hour (tests/test_vllm_real.py)",
+    "python benchmarks/vllm_closed_loop.py": "needs the vllm extra and runs for minutes (tests/test_vllm_real.py)",
 }
 
 
