@@ -154,6 +154,7 @@ def _confirm_vllm(
     from sim.core.io import write_atomic_all
     from sim.hardware.confirm import markdown, summary
     from sim.hardware.loading import checkpoint_path
+    from sim.hardware.model import _cpu_model
     from sim.hardware.options import dump_json
     from sim.hardware.vllm_confirm import confirm
     from sim.hardware.vllm_engine import model_info, require_vllm
@@ -175,7 +176,7 @@ def _confirm_vllm(
         "versions": {"vllm": vllm_version},
         "engine": "vllm",
         "engines": engines,
-        "model": model_info(args.model, Path(path)),
+        "model": {**model_info(args.model, Path(path)), "device": f"vLLM {vllm_version} on {_cpu_model()}"},
         "profile": {**profile.as_dict(), "path": args.profile, "meta": profile.meta},
         "traces": [{"name": t.name, "path": t.path, "sha256": t.sha256} for t in traces],
         "arms": [a.as_dict() for a in arms],
