@@ -37,7 +37,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,26 +137,35 @@ def collect(
         bar.update(1)
     caps = [effective_max_tokens(trace, max_tokens) for trace in traces]
     runs: list[dict[str, list[RunResult]]] = [{arm.label: [] for arm in arms} for _ in traces]
-    # Repetition by repetition over all traces: a burst of load from other jobs hits one repetition of many traces,
-    # which the median drops, rather than every repetition of one trace.
-    for rep in range(reps):
-        shift = rep % len(arms)
-        for trace, cap, trace_runs in zip(traces, caps, runs, strict=True):
-            for arm in arms[shift:] + arms[:shift]:
-                bar.set_postfix_str(f"rep {rep + 1}/{reps} {trace.name} {arm.label}"[:60], refresh=False)
-                result = run_arm(lm, trace, arm, cap, scripted, costs)
-                if arm.config is None and not result.tokens:  # no tok/s, no speedup: say so now, not after every run
-                    bar.close()
-                    raise ModelError(
-                        f"{trace.path}: the model emitted EOS as its first token on this prompt, so there is no "
-                        "decode to time; give --scripted to force the trace's tokens"
-                    )
-                trace_runs[arm.label].append(result)
-                bar.update(1)
-        if between is not None:
+    # Repetition by repetition over all traces (`interleaved`): a burst of load from other jobs hits one repetition of
+    # many traces, which the median drops, rather than every repetition of one trace.
+    order = list(interleaved(len(traces), arms, reps))
+    for n, (rep, i, arm) in enumerate(order):
+        trace = traces[i]
+        bar.set_postfix_str(f"rep {rep + 1}/{reps} {trace.name} {arm.label}"[:60], refresh=False)
+        result = run_arm(lm, trace, arm, caps[i], scripted, costs)
+        if arm.config is None and not result.tokens:  # no tok/s, no speedup: say so now, not after every run
+            bar.close()
+            raise ModelError(
+                f"{trace.path}: the model emitted EOS as its first token on this prompt, so there is no "
+                "decode to time; give --scripted to force the trace's tokens"
+            )
+        runs[i][arm.label].append(result)
+        bar.update(1)
+        if between is not None and (n + 1 == len(order) or order[n + 1][0] != rep):
             between(rep)
     bar.close()
     return runs
+
+
+def interleaved(traces: int, arms: list[Arm], reps: int) -> Iterator[tuple[int, int, Arm]]:
+    """(repetition, trace index, arm) in the order an interleaved A/B runs them: repetition by repetition over every
+    trace, the arms back to back on each, their order rotating by one arm per repetition."""
+    for rep in range(reps):
+        shift = rep % len(arms)
+        for i in range(traces):
+            for arm in arms[shift:] + arms[:shift]:
+                yield rep, i, arm
 
 
 def rows_for(

@@ -18,7 +18,7 @@ from sim.core.errors import ModelError
 from sim.engine.costs import Profile
 from sim.engine.trace import Trace
 from sim.hardware.arms import PLAIN, Arm
-from sim.hardware.confirm import RunResult, rows_for
+from sim.hardware.confirm import RunResult, interleaved, rows_for
 from sim.hardware.options import progress as progress_bar
 from sim.hardware.vllm_engine import preload_openmp
 from sim.rows.replay import effective_max_tokens
@@ -101,17 +101,14 @@ def confirm(
             workers[arm.label].generate(list(traces[0].prompt_tokens), 16)  # warm-up
             bar.update(1)
         runs: list[dict[str, list[RunResult]]] = [{arm.label: [] for arm in arms} for _ in traces]
-        for rep in range(reps):
-            shift = rep % len(arms)
-            for trace, cap, trace_runs in zip(traces, caps, runs, strict=True):
-                for arm in arms[shift:] + arms[:shift]:
-                    bar.set_postfix_str(f"rep {rep + 1}/{reps} {trace.name} {arm.label}"[:60], refresh=False)
-                    out = workers[arm.label].generate(list(trace.prompt_tokens), cap)
-                    engine = None
-                    if arm.config is not None:
-                        engine = {"per_step_drafted": out.per_step_drafted, "per_step_accepted": out.per_step_accepted}
-                    trace_runs[arm.label].append(RunResult(out.wall_s * 1000.0, out.tokens, None, engine))
-                    bar.update(1)
+        for rep, i, arm in interleaved(len(traces), arms, reps):
+            bar.set_postfix_str(f"rep {rep + 1}/{reps} {traces[i].name} {arm.label}"[:60], refresh=False)
+            out = workers[arm.label].generate(list(traces[i].prompt_tokens), caps[i])
+            engine = None
+            if arm.config is not None:
+                engine = {"per_step_drafted": out.per_step_drafted, "per_step_accepted": out.per_step_accepted}
+            runs[i][arm.label].append(RunResult(out.wall_s * 1000.0, out.tokens, None, engine))
+            bar.update(1)
         bar.close()
     finally:
         for worker in workers.values():
