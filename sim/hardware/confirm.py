@@ -356,8 +356,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["rows"]:
-        c = r.get("counters")
-        counters = f"{c['rounds']} | {c['drafted_rounds']} | {c['accepted']}/{c['proposed']}" if c else "- | - | -"
+        counters = _counter_cells(r.get("counters"))
         parity = "yes" if r["parity"] else "**NO**"
         if r.get("diverged_reps"):
             first = r["divergences"][0]
@@ -389,6 +388,17 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {label} | {x:.3f} | {s['geomean_predicted_speedup'][label]:.3f} |")
     lines += ["", *_paired_lines(result), *_arm_lines(result), f"Command: `{result['command']}`", ""]
     return "\n".join(lines)
+
+
+def _counter_cells(c: dict[str, Any] | None) -> str:
+    """rounds | drafted | accepted/proposed: mlxcel's counters, or vLLM's per-step record (steps that drafted; its
+    steps without drafts are not in it)."""
+    if not c:
+        return "- | - | -"
+    if "per_step_drafted" in c:
+        drafted, accepted = c["per_step_drafted"], c["per_step_accepted"]
+        return f"- | {len(drafted)} | {sum(accepted)}/{sum(drafted)}"
+    return f"{c['rounds']} | {c['drafted_rounds']} | {c['accepted']}/{c['proposed']}"
 
 
 def _arm_lines(result: dict[str, Any]) -> list[str]:
