@@ -16,8 +16,11 @@
 
 Also kept per request: the wall time of the generate call (one run: the closed loop with repetitions is
 benchmarks/vllm_closed_loop.py).
-Writes results/benchmarks/vllm_conformance.{json,md} (ignored by git) unless --out names another file; the committed
-benchmarks/results/vllm_conformance.json is this command's output with --out benchmarks/results/vllm_conformance.json.
+Writes results/benchmarks/vllm_conformance.{json,md} (ignored by git) unless --out names another file.
+`--replay-only RECORD.json` runs no vLLM: it compares the replay as the code stands with the vLLM side of an earlier
+result. The committed benchmarks/results/vllm_conformance_vllm_run.{json,md} are a full run's output (its suffix rows
+compared with an earlier drafter); benchmarks/results/vllm_conformance.{json,md} are
+`--replay-only benchmarks/results/vllm_conformance_vllm_run.json --out benchmarks/results/vllm_conformance.json`.
 """
 
 from __future__ import annotations
@@ -120,7 +123,11 @@ def compare(trace: Trace, measured: Any, replayed: dict[str, Any]) -> dict[str, 
         "trace": trace.name,
         "tokens": len(got),
         "wall_s": measured.wall_s,
-        "vllm": {"per_step_drafted": measured.per_step_drafted, "per_step_accepted": measured.per_step_accepted},
+        "vllm": {
+            "per_step_drafted": measured.per_step_drafted,
+            "per_step_accepted": measured.per_step_accepted,
+            "tokens": got,
+        },
         "replay": {k: replayed[k] for k in ("per_step_drafted", "per_step_accepted", "steps", "unknown_steps")},
     }
     if got != expected:
@@ -186,6 +193,35 @@ def plain_walls(traces: list[Trace]) -> list[float]:
     return [output.wall_s for output in outputs]
 
 
+def replay_only(path: str, traces: list[Trace]) -> list[dict[str, Any]]:
+    """Every configuration of an earlier result compared again, vLLM's side read from its record: the replay as the
+    code stands now, against the engine as it ran then. A row recorded without its tokens emitted the trace's own
+    unless it was a flip (whose row is kept as it was)."""
+    from types import SimpleNamespace
+
+    earlier = json.loads(Path(path).read_text())
+    results = []
+    for config in earlier["configs"]:
+        params = from_speculative_config(config["speculative_config"])
+        replayed = replay_counters(traces, dataclasses.replace(params, max_model_len=MAX_MODEL_LEN))
+        rows = []
+        for trace, row, mine in zip(traces, config["rows"], replayed, strict=True):
+            if row["verdict"] == "flip" and "tokens" not in row["vllm"]:
+                rows.append(row)
+                continue
+            record = row["vllm"]
+            measured = SimpleNamespace(
+                tokens=record.get("tokens", list(trace.tokens[:CAP])),
+                per_step_drafted=record["per_step_drafted"],
+                per_step_accepted=record["per_step_accepted"],
+                wall_s=row["wall_s"],
+            )
+            rows.append(compare(trace, measured, mine))
+        counts = {v: sum(r["verdict"] == v for r in rows) for v in ("exact", "flip", "unknowable", "mismatch")}
+        results.append({**config, **counts, "rows": rows})
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=OUT, help=f"result file (default {OUT}; markdown beside it)")
@@ -193,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="record every trace again (replaces the committed ones)")
     parser.add_argument("--prompts", type=int, help="only the first N prompts (a quick check)")
     parser.add_argument("--configs", type=int, help="only the first N configurations (a quick check)")
+    parser.add_argument(
+        "--replay-only",
+        metavar="RESULT.json",
+        help="no vLLM: compare the replay as the code stands with the vLLM record an earlier run of this benchmark "
+        "wrote (its prompts and configurations; the result names the record it read)",
+    )
     args = parser.parse_args(argv)
+    if args.replay_only is not None:
+        return _replay_only(args, argv)
     from sim.hardware.vllm_engine import require_vllm
 
     vllm_version = require_vllm()
@@ -207,6 +251,43 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     walls = plain_walls(traces)
     results = [run_config(raw, traces) for raw in CONFIGS[: args.configs]]
+    extra = {
+        "machine": {"cores": cores(), "loadavg_before": load_before, "loadavg_after": loadavg()},
+        "plain": {"rows": [{"trace": t.name, "wall_s": w} for t, w in zip(traces, walls, strict=True)]},
+    }
+    return write(args, argv, vllm_version, traces, results, extra)
+
+
+def _replay_only(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from sim.core.io import same_file
+
+    if Path(args.out).exists() and same_file(args.out, args.replay_only):
+        sys.exit(f"error: --out {args.out} is the record --replay-only reads; write the result to another file")
+    earlier = json.loads(Path(args.replay_only).read_text())
+    names = [row["trace"] for row in earlier["configs"][0]["rows"]]
+    traces = [read_trace(str(TRACES / f"{name}.jsonl")) for name in names]
+    results = replay_only(args.replay_only, traces)
+    record = Path(args.replay_only).read_bytes()
+    extra = {
+        "vllm_record": {
+            "file": args.replay_only,
+            "sha256": hashlib.sha256(record).hexdigest(),
+            "command": earlier["command"],
+            "machine": earlier.get("machine"),
+        },
+        "plain": earlier.get("plain"),
+    }
+    return write(args, argv, earlier["vllm_version"], traces, results, extra)
+
+
+def write(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    vllm_version: str,
+    traces: list[Trace],
+    results: list[dict[str, Any]],
+    extra: dict[str, Any],
+) -> int:
     listing = "".join(f"{t.sha256}  {Path(t.path).name}\n" for t in traces)
     out = {
         "command": command_line("benchmarks/vllm_conformance.py", argv),
@@ -220,17 +301,21 @@ def main(argv: list[str] | None = None) -> int:
             "folder": str(TRACES.relative_to(ROOT)),
             "sha256": hashlib.sha256(listing.encode()).hexdigest(),
         },
-        "machine": {"cores": cores(), "loadavg_before": load_before, "loadavg_after": loadavg()},
-        "plain": {"rows": [{"trace": t.name, "wall_s": w} for t, w in zip(traces, walls, strict=True)]},
+        **extra,
         "configs": results,
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(out, indent=1, sort_keys=True) + "\n")
+    text = json.dumps(out, indent=1, sort_keys=True) + "\n"
+    source = (
+        ""
+        if "vllm_record" not in out
+        else f" (vLLM's side read from `{args.replay_only}`, written by `{out['vllm_record']['command']}`)"
+    )
     lines = [
         f"# vLLM conformance: {len(traces)} requests x {len(results)} configurations, vLLM {vllm_version}",
         "",
-        f"Command: `{out['command']}`",
+        f"Command: `{out['command']}`{source}",
         "",
         table(
             ["speculative_config", "exact", "flip", "unknowable", "mismatch"],
@@ -241,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ]
     markdown = path.with_suffix(".md")
+    write_atomic(path, text)
     write_atomic(markdown, "\n".join(lines) + "\n")
     print("\n".join(lines))
     wrote(path, markdown)
