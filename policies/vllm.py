@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.core.io import load_json
 from sim.core.params import MAX_SPAN, LoopParams, check_range, param
 from sim.core.protocols import Governor
 
@@ -37,10 +38,7 @@ def parse_schedule(value: Any) -> tuple[tuple[int, int, int], ...]:
     """A Dynamic SD schedule as vLLM 0.32 accepts it: a non-empty list of inclusive `(start, end, K)` ranges,
     non-overlapping once sorted by start, the first starting at 1, K >= 0. Returned sorted."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{SCHEDULE_KEY} must be a JSON list of [start, end, K] ranges, got {value!r}") from None
+        value = load_json(value, SCHEDULE_KEY, ConfigError)
     if not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(f"{SCHEDULE_KEY} must be a non-empty list of [start, end, K] ranges, got {value!r}")
     ranges = []
@@ -160,7 +158,7 @@ class VllmParams:
 
     def drafter_settings(self) -> dict[str, Any]:
         """The lab's drafter for this configuration, as flat settings: vLLM's n-gram proposer, or SuffixDecoding
-        with vLLM's suffix_decoding_* values (docs/vllm.md, section 3)."""
+        as vLLM's cache runs it, with its suffix_decoding_* values (docs/vllm.md, sections 2 and 5)."""
         if self.method == "ngram":
             return {"drafter": "ngram"}
         return {
@@ -241,7 +239,7 @@ def read_speculative_config(text: str) -> VllmParams:
     """`--speculative-config JSON|FILE`: the JSON text itself, or a file holding it (errors name the file, the line
     and the column)."""
     source = "--speculative-config"
-    if not text.lstrip().startswith("{"):
+    if not text.lstrip().startswith(("{", "[")):
         path = text
         try:
             with open(path, encoding="utf-8") as handle:
@@ -252,7 +250,9 @@ def read_speculative_config(text: str) -> VllmParams:
             raise ConfigError(f"--speculative-config: {path} is not UTF-8 text") from None
         source = path
     try:
-        raw = json.loads(text)
+        json.loads(text)  # first plainly, for the line and column of a syntax error
     except json.JSONDecodeError as err:
         raise ConfigError(f"{source}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
-    return from_speculative_config(raw, source)
+    except (RecursionError, ValueError):
+        pass  # too deep, or a number too long: the strict reader below says which
+    return from_speculative_config(load_json(text, source, ConfigError), source)

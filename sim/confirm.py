@@ -116,6 +116,9 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     require_torch("python -m sim.confirm")
     if args.engine == "vllm":
         return _confirm_vllm(args, argv, traces, arms, profile, out)
+    for arm in arms:
+        if arm.config is not None and arm.config.engine != "mlxcel":
+            raise UserError(f"arm {arm.label} configures vLLM: confirm it with --engine vllm (and --model)")
     from sim.hardware.confirm import confirm, markdown, summary
     from sim.hardware.loading import model_from_args, model_limits
     from sim.hardware.model import versions

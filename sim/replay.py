@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import REGISTRY, policy_class
-from policies.vllm import read_speculative_config
+from policies.vllm import SPECULATIVE_KEYS, read_speculative_config
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs, same_file, write_atomic
@@ -218,12 +218,19 @@ def _vllm_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
             if name != "vllm":
                 raise ConfigError(f"--engine vllm compares vllm:KEY=VALUE variants only, got {variant!r}")
             configs.append(make_config(name, {**settings, **own}))
+        labels = [config.label() for config in configs]
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        if twice:
+            raise ConfigError(f"--compare lists the same configuration more than once: {', '.join(twice)}")
         return [(config, config.label()) for config in configs]
     if args.speculative_config is None:
         raise ConfigError("--engine vllm needs --speculative-config JSON|FILE (vLLM's speculative_config)")
     params = read_speculative_config(args.speculative_config)
+    twice = sorted(set(settings) & set(SPECULATIVE_KEYS))
+    if twice:
+        raise ConfigError(f"--set {', '.join(twice)}: set in --speculative-config instead (each key in one place)")
     config = make_config("vllm", {**dataclasses.asdict(params), **settings})
-    return [(config, "vllm:" + json.dumps(params.speculative_config(), separators=(",", ":")))]
+    return [(config, "vllm:" + json.dumps(config.params.speculative_config(), separators=(",", ":")))]
 
 
 def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
@@ -463,6 +470,13 @@ def _margins_note(traces: list[Trace]) -> str | None:
 
 def _worlds(args: argparse.Namespace, traces: list[Trace]) -> list[World | None]:
     """Per trace, its place in the stream of requests under --as-stream (else None: each trace its own world)."""
+    if args.as_stream and args.engine == "vllm":
+        # vLLM's cache keeps what each reply sampled (its EOS, drafts past the cap), which depends on the
+        # configuration: benchmarks/vllm_conformance.py builds such streams per configuration.
+        raise ConfigError(
+            "--as-stream is for mlxcel's loop; with --engine vllm each trace is replayed as a request of its own "
+            "(benchmarks/vllm_conformance.py replays vLLM's suffix streams, docs/vllm.md section 5)"
+        )
     if not args.as_stream:
         if args.stream_order is not None:
             raise ConfigError("--stream-order orders a stream: give it with --as-stream")

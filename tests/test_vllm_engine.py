@@ -176,11 +176,24 @@ def test_counters_count_accepted_drafts_past_max_tokens():
     assert result.engine.per_step_drafted == [5] and result.engine.per_step_accepted == [5]  # ...not the counters
 
 
+def test_a_cut_trace_answers_as_far_as_it_was_recorded():
+    """A trace cut at its cap knows no answer past its last token: a draft reaching past it is verified as far as
+    the trace answers, its last recorded token accepted when the draft agrees, and the rest is unknown."""
+    config = make_config("vllm", {"num_speculative_tokens": 6, "prompt_lookup_min": 1, "prompt_lookup_max": 1})
+    prompt, answers = [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4]
+    target = TraceTarget(answers, 99, stops_on_eos=False)
+    drafter = VllmNgramIndex(1, 1, prompt + answers, prompt_length=len(prompt))
+    result = vllm.run(target, config.governor(), None, prompt, 4, drafter)
+    assert result.tokens == answers
+    assert result.engine.per_step_drafted == [6] and result.engine.per_step_accepted == [3]
+    assert result.engine.unknown_steps == 1 and result.engine.unknown_tail
+
+
 def test_drafts_stay_below_max_model_len():
     prompt = [1, 2, 3, 4, 5, 6]
     answers = [1, 2, 3, 4, 5, 6]
     result, target = loop(answers, prompt, k=5, max_model_len=10)
-    # context 7 after prefill: a step may write positions up to 9, so one draft token at most, then the limit
+    # context 7 after prefill: the step writes positions 7..9 at most, so two draft tokens, then the limit
     assert result.engine.per_step_drafted[0] == 2
     assert len(prompt) + len(result.tokens) <= 10
 

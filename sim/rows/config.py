@@ -185,12 +185,11 @@ def _check_speculative(text: Any, config: PolicyConfig, where: str) -> None:
     error, not a silent choice between them)."""
     import json
 
+    from sim.core.io import load_json
+
     if config.engine != "vllm":
         raise ConfigError(f"{where}: {SPECULATIVE_KEY} belongs to policy vllm only, not {config.policy}")
-    try:
-        pasted = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        pasted = None
+    pasted = load_json(text, where, ConfigError) if isinstance(text, str) else None
     if pasted != config.params.speculative_config():
         raise ConfigError(
             f"{where}: {SPECULATIVE_KEY} is not what params say ({json.dumps(config.params.speculative_config())}); "

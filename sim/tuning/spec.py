@@ -71,7 +71,8 @@ KEYS = {
     "bootstrap": "{resamples: 100..100000 (default 2000), seed: int (default 0)}: the report's 95% intervals",
     "confirm": "{noise: per-run sd of a paired log ratio (default 0.02), power: 0.5..0.99 (default 0.8)}",
     "notes": "free text",
-    "drafter": "drafter of every trial: lookup (default) or suffix; search or fix its parameters as drafter.KEY",
+    "drafter": "drafter of every trial: lookup (default), suffix, ngram or vllm_suffix; search or fix its parameters "
+    "as drafter.KEY",
     "engine": "mlxcel (default: its governors) or vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md)",
 }
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
@@ -586,6 +587,12 @@ def load_spec(path: str | Path) -> StudySpec:
         baseline = make_config(str(baseline_raw.get("policy", cls.name)), baseline_raw.get("params") or {})
     except ConfigError as err:
         raise r.fail(f"baseline: {err}", "baseline") from None
+    if baseline.engine != cls.engine:
+        raise r.fail(
+            f"baseline: policy {baseline.policy} runs on {baseline.engine}'s loop, the study on {cls.engine}'s; "
+            f"compare against a {cls.name} configuration",
+            "baseline",
+        )
     if not policy_class(baseline.policy).causal:  # no hardware run can be compared against it
         raise r.fail(
             f"baseline: policy {baseline.policy} is not causal (it knows the whole trace, docs/oracle.md); study "
