@@ -238,6 +238,12 @@ def _coerce(key: str, value: Any) -> Any:
 def read_speculative_config(text: str) -> VllmParams:
     """`--speculative-config JSON|FILE`: the JSON text itself, or a file holding it (errors name the file, the line
     and the column)."""
+    raw, source = read_speculative_json(text)
+    return from_speculative_config(raw, source)
+
+
+def read_speculative_json(text: str) -> tuple[Any, str]:
+    """The decoded JSON of `--speculative-config JSON|FILE` (strictly read) and where it came from."""
     source = "--speculative-config"
     if not text.lstrip().startswith(("{", "[")):
         path = text
@@ -255,4 +261,4 @@ def read_speculative_config(text: str) -> VllmParams:
         raise ConfigError(f"{source}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
     except (RecursionError, ValueError):
         pass  # too deep, or a number too long: the strict reader below says which
-    return from_speculative_config(load_json(text, source, ConfigError), source)
+    return load_json(text, source, ConfigError), source

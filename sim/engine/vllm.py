@@ -68,42 +68,69 @@ class VllmCounters:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "sampled"}
 
 
-def run(  # noqa: C901  (the five steps of the module docstring, in order, in one place on purpose)
-    target: Target,
-    governor: Governor[Any],
-    max_model_len: int | None,
-    prompt: Sequence[int],
-    max_tokens: int | None,
-    drafter: Drafter,
-    keep_iterations: bool = False,
-) -> LoopResult:
-    """Decode until EOS, `max_tokens` (None: no cap) or max_model_len; count as vLLM does (`result.engine`)."""
-    out = LoopResult(iterations=[] if keep_iterations else None)
-    counters = VllmCounters(num_spec_tokens=governor.max_draft)
-    out.engine = counters
-    c, actions, contexts, log = out.counters, out.actions, out.contexts, out.iterations
-    context = list(prompt)
-    limit = max_model_len if max_model_len is not None else NO_CAP
-    cap = min(max_tokens if max_tokens is not None else NO_CAP, limit - len(prompt))
-    answers_left = getattr(target, "answers_left", None)  # a trace target knows where its recording ends
+class VllmRequest:
+    """One request in vLLM's engine, one step at a time: `prefill`, then per step `propose(k)` and `verify`.
 
-    first = target.prefill()
-    counters.sampled.append(first)
-    if target.is_eos(first) or cap < 1:
-        return out
-    context.append(first)
-    emitted = 1
-    while emitted < cap:
-        # 1-2. K for the step, then the draft, capped so the step's last position stays below max_model_len.
-        n = len(context)
-        k = min(governor.budget(), limit - n - 1)
-        proposal = drafter.propose(context, k) if k > 0 else []
-        out.lookups.append((len(actions), len(proposal)))
+    `run` below drives one request alone; the serving model (sim/engine/serving.py) drives many, one step each per
+    engine step, so a request steps by the same rules whether it decodes alone or in a batch.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        max_model_len: int | None,
+        prompt: Sequence[int],
+        max_tokens: int | None,
+        drafter: Drafter,
+        num_spec_tokens: int,
+        keep_iterations: bool = False,
+    ) -> None:
+        self.target, self.drafter = target, drafter
+        self.out = out = LoopResult(iterations=[] if keep_iterations else None)
+        self.counters = out.engine = VllmCounters(num_spec_tokens=num_spec_tokens)
+        self.prompt_length = len(prompt)
+        self.context = list(prompt)
+        self.limit = max_model_len if max_model_len is not None else NO_CAP
+        self.cap = min(max_tokens if max_tokens is not None else NO_CAP, self.limit - len(prompt))
+        self.answers_left = getattr(target, "answers_left", None)  # a trace target knows where its recording ends
+        self.emitted = 0
+        self.done = False
+
+    def prefill(self) -> int:
+        """Prefill emits the first token (0 when it is EOS or the cap leaves no room); returns the tokens emitted."""
+        first = self.target.prefill()
+        self.counters.sampled.append(first)
+        if self.target.is_eos(first) or self.cap < 1:
+            self._finish()
+            return 0
+        self.context.append(first)
+        self.emitted = 1
+        if self.emitted >= self.cap:
+            self._finish()
+        return 1
+
+    def room(self) -> int:
+        """Drafts a step may carry, so that its last position stays below max_model_len."""
+        return self.limit - len(self.context) - 1
+
+    def propose(self, k: int) -> list[int]:
+        """Step 2: at most k drafts (and at most `room()`) from the whole context."""
+        k = min(k, self.room())
+        proposal = self.drafter.propose(self.context, k) if k > 0 else []
+        self.out.lookups.append((len(self.out.actions), len(proposal)))
+        return proposal
+
+    def verify(self, proposal: list[int], k: int, governor: Governor[Any] | None = None) -> int:
+        """Steps 3-5 for one step of [last] + proposal (`k` the budget it was drafted under, for the record);
+        returns the tokens the step emitted."""
+        out, counters, target = self.out, self.counters, self.target
+        c = out.counters
+        n = len(self.context)
         # 3. One forward of [last] + proposal; a trace answers only as far as it was recorded.
-        known = answers_left() if answers_left is not None else None
+        known = self.answers_left() if self.answers_left is not None else None
         checked = proposal if known is None else proposal[: max(known - 1, 0)]
-        actions.append(len(proposal) + 1)
-        contexts.append(n)
+        out.actions.append(len(proposal) + 1)
+        out.contexts.append(n)
         c.rounds += 1
         counters.steps += 1
         outputs = target.verify(checked)
@@ -125,7 +152,8 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
             c.drafted_rounds += 1
             c.proposed += len(proposal)
             c.accepted += accepted
-            governor.record(accepted)
+            if governor is not None:
+                governor.record(accepted)
         counters.sampled += kept
         # 5. Keep the accepted drafts and the token after them, cut at EOS and at the cap.
         landed = 0
@@ -134,18 +162,18 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
             if target.is_eos(token):
                 eos = True
                 break
-            context.append(token)
+            self.context.append(token)
             landed += 1
-            if emitted + landed >= cap:
+            if self.emitted + landed >= self.cap:
                 break
         if proposal:
-            out.drafted_spans.append((emitted, landed))
-        emitted += landed
-        if log is not None:
-            log.append(
+            out.drafted_spans.append((self.emitted, landed))
+        self.emitted += landed
+        if out.iterations is not None:
+            out.iterations.append(
                 Iteration(
                     action=len(proposal) + 1,
-                    actions_end=len(actions),
+                    actions_end=len(out.actions),
                     width=len(proposal) + 1,
                     budget=k,
                     proposal_len=len(proposal),
@@ -155,12 +183,33 @@ def run(  # noqa: C901  (the five steps of the module docstring, in order, in on
                     probe_made=False,
                     probe_settled=False,
                     shadow_confirmed=False,
-                    governor=governor.state(),
+                    governor=governor.state() if governor is not None else {},
                 )
             )
-        if eos:
-            break
+        if eos or self.emitted >= self.cap:
+            self._finish()
+        return landed
 
-    c.generated = emitted
-    out.tokens = context[len(prompt) :]
-    return out
+    def _finish(self) -> None:
+        self.done = True
+        self.out.counters.generated = self.emitted
+        self.out.tokens = self.context[self.prompt_length :]
+
+
+def run(
+    target: Target,
+    governor: Governor[Any],
+    max_model_len: int | None,
+    prompt: Sequence[int],
+    max_tokens: int | None,
+    drafter: Drafter,
+    keep_iterations: bool = False,
+) -> LoopResult:
+    """Decode until EOS, `max_tokens` (None: no cap) or max_model_len; count as vLLM does (`result.engine`)."""
+    request = VllmRequest(target, max_model_len, prompt, max_tokens, drafter, governor.max_draft, keep_iterations)
+    request.prefill()
+    while not request.done:
+        # 1. K for the step, then steps 2-5.
+        k = min(governor.budget(), request.room())
+        request.verify(request.propose(k), k, governor)
+    return request.out

