@@ -489,10 +489,16 @@ class BatchGoodput(Speculation[GoodputParams]):
 
 def draft_len_schedule(ranges: tuple[tuple[int, int, int], ...], cap: int) -> dict[str, int]:
     """A Dynamic SD schedule as TensorRT-LLM's `draft_len_schedule` (smallest threshold >= batch size; 0 above the
-    largest): one key per range end. vLLM's last range holds its K for every larger batch, which TensorRT-LLM
-    cannot say unless that K is 0, so a last K above 0 keeps the last range's end as the largest key and is
-    lost above it (the policy's batch sizes stop at max_num_seqs, which the last range should cover)."""
-    return {str(end): min(k, cap) for _, end, k in ranges if k > 0 or end != ranges[-1][1]}
+    largest). vLLM gives a batch size between two ranges the K of the range before, so each range reaches up to
+    the next one's start; vLLM's last range holds its K for every larger batch, which TensorRT-LLM can only say
+    up to a largest key: the last range's end (the schedule should cover max_num_seqs)."""
+    out: dict[str, int] = {}
+    for i, (_, end, k) in enumerate(ranges):
+        last = i + 1 == len(ranges)
+        if last and k == 0:
+            break  # K = 0 above the largest key is TensorRT-LLM's own rule
+        out[str(end if last else ranges[i + 1][0] - 1)] = min(k, cap)
+    return out
 
 
 def dsd_ranges(schedule: tuple[tuple[int, int], ...]) -> list[list[int]]:

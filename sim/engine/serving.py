@@ -304,7 +304,11 @@ class Engine:
     # -- 1. arrivals
 
     def arrive(self, arrival: Arrival, now_ms: float) -> None:
+        """Admit an arrival to the waiting queue at `now_ms` (a step boundary); it counts as in the system from its
+        own arrival time, which may lie inside the step that just ran."""
         self._account(now_ms)
+        at = arrival.time_s * 1000.0
+        self.result.in_system_ms += self.clock_ms - at
         trace = arrival.trace
         if len(trace.prompt_tokens) + 1 > self.params.max_model_len:
             raise ConfigError(
@@ -320,7 +324,7 @@ class Engine:
             self.drafter(trace),
             self.max_k,
         )
-        live = Live(len(self.result.requests), arrival.time_s * 1000.0, trace, request)
+        live = Live(len(self.result.requests), at, trace, request)
         self.result.requests.append(live)
         self._by_id[live.rid] = live
         self.waiting.append(live)
@@ -428,6 +432,7 @@ class Engine:
         """Apply a step that ran from `start_ms`; returns its end (the clock after device, then host time)."""
         end = start_ms + device_ms
         end = end + host_ms
+        self._account(end)  # everyone here now was in the system for the whole step
         result = self.result
         waiting, running_before = len(self.waiting), len(self.running)
         sampled: list[Live] = []
@@ -483,7 +488,6 @@ class Engine:
                 live.spec = live.spec[:k]
                 live.request.out.lookups.append((len(live.request.out.actions), len(live.spec)))
                 counts[k] = counts.get(k, 0) + 1
-        self._account(end)
         result.busy_ms += end - start_ms
         result.batch_ms += len(step.entries) * (end - start_ms)
         by_size = result.batch_ms_by_size
