@@ -199,16 +199,17 @@ class DynamicSD(Speculation[DsdParams]):
     def __init__(self, params: DsdParams) -> None:
         super().__init__(params)
         self.ranges = params.ranges()
+        self.cap = params.num_speculative_tokens
         self._k_by_batch: dict[int, int] = {}
 
     @property
     def max_k(self) -> int:
-        return min(max(k for _, _, k in self.ranges), self.params.num_speculative_tokens)
+        return min(max(k for _, _, k in self.ranges), self.cap)
 
     def k_at(self, batch: int) -> int:
         k = self._k_by_batch.get(batch)
         if k is None:
-            k = self._k_by_batch[batch] = schedule_k(self.ranges, batch, self.params.num_speculative_tokens)
+            k = self._k_by_batch[batch] = schedule_k(self.ranges, batch, self.cap)
         return k
 
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
@@ -217,12 +218,51 @@ class DynamicSD(Speculation[DsdParams]):
     def vllm_config(self, drafter: dict[str, Any]) -> dict[str, Any] | None:
         return {
             **drafter,
-            "num_speculative_tokens": self.params.num_speculative_tokens,
+            "num_speculative_tokens": self.cap,
             "num_speculative_tokens_per_batch_size": [list(r) for r in self.ranges],
         }
 
     def trtllm_config(self) -> dict[str, Any] | None:
         return {"max_draft_len": self.max_k, "draft_len_schedule": draft_len_schedule(self.ranges, self.max_k)}
+
+
+@dataclass(frozen=True)
+class TiersParams:
+    k1: int = param(6, "K while the batch is at most until1 requests")
+    until1: int = param(4, "largest batch size of the first tier")
+    k2: int = param(2, "K for batches of until1 + 1 .. until2 requests")
+    until2: int = param(16, "largest batch size of the second tier")
+    k3: int = param(0, "K for batches above until2")
+
+    def __post_init__(self) -> None:
+        for name in ("k1", "k2", "k3"):
+            check_range(name, getattr(self, name), 0, MAX_SPAN, "an integer")
+        check_range("until1", self.until1, 1, MAX_BATCH - 2, "an integer")
+        check_range("until2", self.until2, 1, MAX_BATCH - 1, "an integer")
+        if self.until2 <= self.until1:
+            raise ConfigError(f"until2={self.until2} must be above until1={self.until1}")
+        if max(self.k1, self.k2, self.k3) == 0:
+            raise ConfigError("a schedule with K = 0 at every batch size is `none`")
+
+    def ranges(self) -> list[list[int]]:
+        return [
+            [1, self.until1, self.k1],
+            [self.until1 + 1, self.until2, self.k2],
+            [self.until2 + 1, MAX_BATCH, self.k3],
+        ]
+
+
+@register("dsd_tiers")
+class DsdTiers(DynamicSD):
+    """vLLM's Dynamic SD with a three-tier schedule, for searching: K = k1 up to until1 running requests, k2 up to
+    until2, k3 above; `vllm_config` writes it as vLLM's ranges (num_speculative_tokens = the largest K)."""
+
+    Params = TiersParams  # type: ignore[assignment]
+
+    def __init__(self, params: TiersParams) -> None:
+        ranges = params.ranges()
+        super().__init__(DsdParams(schedule=json.dumps(ranges), num_speculative_tokens=max(k for *_, k in ranges)))
+        self.params = params  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------- TensorRT-LLM's schedule and gate
