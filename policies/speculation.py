@@ -24,31 +24,17 @@ import json
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sim.core.errors import ConfigError
 from sim.core.io import load_json
-from sim.core.params import MAX_SPAN, build_params, check_range, param
+from sim.core.params import MAX_SPAN, LoopParams, build_params, check_range, fields_of, param
+from sim.core.protocols import Governor, Slot, StepPricer, reads_costs
 from sim.core.registry import Registry
 
 from .vllm import MAX_BATCH, parse_schedule, schedule_k
 
 P = TypeVar("P")
-
-
-class Slot(Protocol):
-    """What a policy sees of one running request: its id, what its drafter could propose now (at most the
-    policy's `max_k` tokens) and the room its context leaves."""
-
-    rid: int
-    available: int
-
-
-class StepPricer(Protocol):
-    """The cost profile as a policy reads it: the time of a step of `sequences` sequences and `tokens` tokens
-    over `kv_tokens` context, in ms (`sim.engine.serving.StepPricer`)."""
-
-    def estimate_ms(self, sequences: int, tokens: int, kv_tokens: int) -> float: ...
 
 
 class Speculation(Generic[P]):
@@ -389,31 +375,35 @@ class GovernedParams:
 class Governed(Speculation[GovernedParams]):
     """One of mlxcel's governors per request (its own budget and what it learned from that request's verifies),
     capped by a Dynamic SD schedule for the batch size. Governors that read a cost profile are bound to the
-    serving profile's batch-1 view (`sim.engine.serving.BatchOneCosts`)."""
+    serving profile's batch-1 view (`BatchOneCosts`)."""
 
     Params = GovernedParams
 
     def __init__(self, params: GovernedParams) -> None:
         super().__init__(params)
         from policies.base import REGISTRY as GOVERNORS
-        from sim.rows.config import make_config
 
-        cls = GOVERNORS.get_class(params.governor)
-        if cls.engine != "mlxcel" or not cls.causal:
+        self.cls = GOVERNORS.get_class(params.governor)
+        if self.cls.engine != "mlxcel" or not self.cls.causal:
             raise ConfigError(f"governed: {params.governor!r} is not a causal governor of mlxcel's loop")
-        self.config = make_config(params.governor, load_json(params.settings, "settings", ConfigError))
+        settings = load_json(params.settings, "settings", ConfigError)
+        own, loop = fields_of(self.cls.Params), fields_of(LoopParams)
+        unknown = sorted(set(settings) - set(own) - set(loop))
+        if unknown:
+            raise ConfigError(f"governed: unknown setting(s) {', '.join(unknown)} for {params.governor}")
+        what = f"governed {params.governor}"
+        self.governor_params = build_params(self.cls.Params, {k: v for k, v in settings.items() if k in own}, what)
+        self.loop = build_params(LoopParams, {k: v for k, v in settings.items() if k in loop}, what)
         self.ranges = parse_schedule(params.schedule)
         self.cap = max(k for _, _, k in self.ranges)
-        self.governors: dict[int, Any] = {}
-        self.costs: Any = None
+        self.governors: dict[int, Governor[Any]] = {}
+        self.costs: BatchOneCosts | None = None
 
     @property
     def max_k(self) -> int:
-        return min(self.cap, self.config.loop.max_draft)
+        return min(self.cap, self.loop.max_draft)
 
     def bind(self, pricer: StepPricer, kv_tokens: Callable[[int], int]) -> None:
-        from sim.engine.serving import BatchOneCosts
-
         self.costs = BatchOneCosts(pricer)
 
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
@@ -422,7 +412,11 @@ class Governed(Speculation[GovernedParams]):
         for slot in batch:
             governor = self.governors.get(slot.rid)
             if governor is None:
-                governor = self.governors[slot.rid] = self.config.governor(self.costs)
+                governor = self.governors[slot.rid] = self.cls(self.governor_params, self.loop.max_draft)
+                if reads_costs(self.cls):
+                    if self.costs is None:
+                        raise RuntimeError("governed: bind() before plan(); the governor reads costs")
+                    governor.bind(self.costs)
             ks.append(min(governor.budget(), cap))
         return ks
 
@@ -431,6 +425,26 @@ class Governed(Speculation[GovernedParams]):
 
     def finish(self, rid: int) -> None:
         self.governors.pop(rid, None)
+
+
+class BatchOneCosts:
+    """A serving profile's step price seen as a single-request profile (`ForwardCosts`), for mlxcel's governors
+    that read costs: a forward of width w at context n costs a step of one sequence of w tokens over n - 1."""
+
+    def __init__(self, pricer: StepPricer) -> None:
+        self.pricer = pricer
+
+    def device_ms(self, width: int, context: int) -> float:
+        return float(self.pricer.estimate_ms(1, width, max(context - 1, 0)))
+
+    def host_gap_ms(self, context: int) -> float:
+        return 0.0
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        return float(self.pricer.estimate_ms(1, prompt_tokens, 0))
+
+    def check_width(self, width: int) -> None:
+        return None
 
 
 # ---------------------------------------------------------------- goodput for the whole batch

@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "verifying w - 1 n-gram drafts, P for plain decoding, prefill; needs --contexts and the vllm extra "
         "(docs/vllm.md); --rounds counts repeats of every prompt and --steps K1,K2 decodes K2 tokens per prompt",
     )
+    parser.add_argument(
+        "--serving",
+        action="store_true",
+        help="with --engine vllm: a serving cost profile instead, fitted to vLLM's batched engine steps (batches of "
+        "1..32 requests, prompts of 64 and 512 tokens, n-gram K 0, 2, 4, 7; 5 to 7 minutes on 2 cores), its raw "
+        "samples beside --out as NAME.samples.json (docs/serving-vllm.md)",
+    )
     add_model_args(parser)
     return parser
 
@@ -183,6 +190,10 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
     steps, lengths = _check(args)
     contexts = _contexts(args)
     require_torch("python -m sim.measure")
+    if args.serving:  # sim/hardware/vllm_serving_measure.py
+        from sim.hardware.vllm_serving_measure import run_command
+
+        return run_command(args, argv, profile_name(args))
     if args.engine == "vllm":
         return _measure_vllm(args, argv, contexts, steps[1])
     from sim.hardware.loading import model_from_args, model_limits

@@ -1,4 +1,5 @@
-"""Figures of replays and studies, as PNG files: `python -m sim.plot rounds FILE.jsonl`, `python -m sim.plot study ...`.
+"""Figures of replays, studies and serving runs, as PNG files: `python -m sim.plot rounds FILE.jsonl`,
+`python -m sim.plot study ...`, `python -m sim.plot serving ROWS.jsonl`.
 
 Round figures (sim/figures/replay_figures.py) read a rounds file and draw, per
 trace and profile, a timeline, the rounds and the gap to plain decoding. Study
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write PNG figures of replays (from a --rounds-out file) or of an optuna study. "
         "File names are fixed by the inputs, so reruns overwrite the same files.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{rounds,study}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{rounds,study,serving}")
     rounds = sub.add_parser(
         "rounds",
         help="timeline, per-round and gap figures from a rounds file",
@@ -74,7 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="trial whose per-row speedups are drawn next to the best trial's "
         "(default 0, the first trial; none to draw the best only)",
     )
-    for each in (rounds, study):
+    serving = sub.add_parser(
+        "serving",
+        help="throughput, p99 TPOT and speedup against load from python -m sim.serve --json rows",
+        description="NAME_load.png (output throughput and p99 TPOT against the request rate, one line per "
+        "policy) and NAME_speedup.png (speedup over none against the rate and the mean running batch; drawn "
+        "when the rows include none), NAME being the rows file's name.",
+    )
+    serving.add_argument(
+        "rows_file",
+        metavar="ROWS.jsonl",
+        help="rows written by python -m sim.serve TRACES --sweep-rates R1,R2,... --json > ROWS.jsonl",
+    )
+    for each in (rounds, study, serving):
         each.add_argument(
             "--out",
             type=cli.nonblank,
@@ -121,6 +134,14 @@ def _plot(args: argparse.Namespace) -> int:
             check_file_name(path, "--out")
         refuse_inputs_as_outputs(outputs, [args.rounds_file], "--out")
         written = write_round_figures(runs, out, args.dpi)
+    elif args.command == "serving":
+        from sim.figures.serving_figures import serving_outputs, write_serving_figures
+
+        outputs = serving_outputs(args.rows_file, out)
+        for path in outputs:
+            check_file_name(path, "--out")
+        refuse_inputs_as_outputs(outputs, [args.rows_file], "--out")
+        written = write_serving_figures(args.rows_file, out, args.dpi)
     else:
         # Study figures need optuna; imported here so that round figures stay light.
         from sim.figures.study_figures import FIGURES as STUDY_FIGURES

@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="gamma shape of the gaps (vLLM bench's --burstiness): 1 Poisson (default), < 1 burstier",
     )
+    load.add_argument(
+        "--max-tokens",
+        type=cli.int_in(1, 100_000_000),
+        help="cap every reply at this many tokens (at most the traces' own cap), as a client's max_tokens",
+    )
     load.add_argument("--seed", type=cli.int_in(0, 2**63 - 1), default=0, help="seed of arrivals and traces (0)")
     parser.add_argument(
         "--profile",
@@ -315,6 +320,7 @@ def _serve(args: argparse.Namespace) -> int:
                 load=load,
                 driver=args.model,
                 progress=progress if show else None,
+                max_tokens=args.max_tokens,
             )
             progress.done()
             rows.append(row)

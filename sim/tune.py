@@ -24,8 +24,12 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sim import cli
+
+if TYPE_CHECKING:
+    from sim.tuning.serving import ServingSpec
 
 MAX_TRIALS = 10**9  # as sim.tuning.spec.MAX_TRIALS
 MAX_WORKERS = 256
@@ -183,7 +187,8 @@ def _tune(args: argparse.Namespace) -> int:
         from sim.tuning.evaluation import MatrixEvaluator
         from sim.tuning.report import FIGURES, check_report_folder, write_report
         from sim.tuning.search import Limits, prepare, run_workers
-        from sim.tuning.spec import check_widths, default_out, load_spec
+        from sim.tuning.serving import ServingSpec, load_study
+        from sim.tuning.spec import check_widths, default_out
         from sim.tuning.storage_checks import check_storage
         from sim.tuning.storage_errors import storage_error
         from sim.tuning.storage_url import check_form, parallel_storage, redacted, storage_file
@@ -191,7 +196,9 @@ def _tune(args: argparse.Namespace) -> int:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # Everything is checked before the first file is written: a refused command leaves no trace.
-        spec = load_spec(args.spec)
+        spec = load_study(args.spec)
+        if isinstance(spec, ServingSpec):  # a `serving:` spec: the serving model at several loads, its own report
+            return _tune_serving(args, spec)
         asked = args.storage or spec.storage
         check_form(asked)  # before parallel_storage reads it: a storage string means one thing or is refused
         storage_url = parallel_storage(asked) if args.workers > 1 else asked  # SQLite is unsafe for parallel writers
@@ -265,6 +272,69 @@ def _tune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_WORKER_DIED
+    return 130 if interrupted else 0
+
+
+def _tune_serving(args: argparse.Namespace, spec: ServingSpec) -> int:
+    """A serving study (sim/tuning/serving.py): the same storage, checks, resuming and stops as a replay study's,
+    one worker, trials served by the serving model, the report of sim/tuning/serving_report.py."""
+    import time
+
+    import optuna
+    import sqlalchemy
+
+    from sim.core.io import check_writable_folder, naming, refuse_inputs_as_outputs
+    from sim.engine.serving_costs import resolve_serving
+    from sim.figures.study_figures import write_report_figures
+    from sim.tuning.report import FIGURES, check_report_folder
+    from sim.tuning.search import Limits, prepare
+    from sim.tuning.serving import ServingEvaluator, refuse_workers, run_trials
+    from sim.tuning.serving_report import write_serving_report
+    from sim.tuning.spec import default_out
+    from sim.tuning.storage_checks import check_storage
+    from sim.tuning.storage_errors import storage_error
+    from sim.tuning.storage_url import check_form, storage_file
+
+    refuse_workers(spec, args.workers)
+    storage_url = args.storage or spec.storage
+    check_form(storage_url)
+    check_storage(storage_url, writing=True)
+    out = check_writable_folder(args.out or default_out(spec.name, storage_url), "--out")
+    outputs = [out / "best.yaml", out / "report.md", *(out / f"{kind}.png" for kind in FIGURES)]
+    local = storage_file(storage_url)
+    inputs = [args.spec, *spec.traces, resolve_serving(spec.profile), *([local] if local else [])]
+    refuse_inputs_as_outputs(outputs, inputs, "--out")
+    check_report_folder(out, spec.name, storage_url, args.force)
+    evaluator = ServingEvaluator(spec)  # every level's arrivals: a duration no request arrives within fails here
+
+    if args.n_trials is not None:
+        own: int | None = args.n_trials
+    else:
+        own = None if args.max_trials is not None else spec.n_trials
+    timeout = args.timeout if args.timeout is not None else spec.timeout
+    limits = Limits(own=own, cap=args.max_trials, deadline=time.time() + timeout if timeout else None)
+    run = {"n_trials": own, "max_trials": args.max_trials, "workers": 1} if own != 0 else None
+    interrupted = False
+    storage_writes = naming(local) if local else contextlib.nullcontext()
+    try:
+        with storage_writes:
+            study, held, invocation = prepare(spec, storage_url, args.heartbeat, run)
+            if own != 0:
+                try:
+                    run_trials(
+                        spec, evaluator, storage_url, limits, invocation, args.heartbeat, args.sleep_per_trial, held
+                    )
+                except KeyboardInterrupt:
+                    interrupted = True
+                    print(
+                        "interrupted: reporting the trials stored so far; rerun the same command to continue",
+                        file=sys.stderr,
+                    )
+        draw = None if args.no_plots else write_report_figures
+        summary = write_serving_report(spec, evaluator, study, storage_url, out, draw)
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
+        raise storage_error(storage_url, err) from None
+    print(summary)
     return 130 if interrupted else 0
 
 

@@ -28,7 +28,7 @@ from sim.engine.costs import load_profile
 from sim.engine.serving import Arrival, Engine, ProfileCosts, ReplayCosts, SchedulerParams, recurrence, simulate
 from sim.engine.serving_costs import ServingProfile, read_serving_profile
 from sim.rows.config import make_config
-from sim.rows.replay import play, Request, request_drafter
+from sim.rows.replay import Request, play, request_drafter
 from sim.rows.serving import Slo, Variant, run_serving
 from sim.serve import main as serve_main
 from sim.serve import split_variants
@@ -195,7 +195,10 @@ def test_littles_law_holds_on_a_long_run(traces):
     # ... and with the rate the arrivals were drawn at, it holds within the Poisson count's sampling error.
     n = len(arrivals)
     assert row.in_system_mean == pytest.approx(rate * row.mean_e2e_s, rel=4 / math.sqrt(n) + 0.02)
-    assert row.requests == n and row.output_tokens == sum(len(r.request.out.tokens) for r in result.requests)
+    # output tokens as vLLM counts them: the reply and the EOS it stopped at
+    assert row.requests == n
+    assert row.output_tokens == sum(len(r.request.out.tokens) + r.request.eos for r in result.requests)
+    assert 0 < sum(r.request.eos for r in result.requests) < n
 
 
 # ---------------------------------------------------------------- policies
@@ -291,7 +294,7 @@ def test_generated_arrivals_have_the_asked_rate_and_burstiness(traces):
     bursty = generated(traces, rate=10.0, requests=4000, burstiness=0.25, seed=0)
     for arrivals in (calm, bursty):
         assert len(arrivals) / arrivals[-1].time_s == pytest.approx(10.0, rel=0.06)
-    gaps = lambda a: [y.time_s - x.time_s for x, y in zip(a, a[1:])]  # noqa: E731
+    gaps = lambda a: [y.time_s - x.time_s for x, y in zip(a, a[1:], strict=False)]  # noqa: E731
     cv = lambda g: (sum((x - sum(g) / len(g)) ** 2 for x in g) / len(g)) ** 0.5 / (sum(g) / len(g))  # noqa: E731
     assert cv(gaps(calm)) == pytest.approx(1.0, rel=0.1)
     assert cv(gaps(bursty)) == pytest.approx(2.0, rel=0.15)  # gamma shape b: cv = 1/sqrt(b)

@@ -20,7 +20,7 @@ timing model charges (a cost profile).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -159,3 +159,41 @@ def settle(probe: tuple[int, list[int]], context: Sequence[int], claims: int) ->
         if context[start + i] != claim:
             return False
     return True
+
+
+# ---------------------------------------------------------------- serving: a speculation policy for a batch
+
+
+class Slot(Protocol):
+    """What a serving speculation policy sees of one request that drafts next: its id and what its drafter could
+    propose now (at most the policy's `max_k` tokens, and the room its context leaves)."""
+
+    rid: int
+    available: int
+
+
+class StepPricer(Protocol):
+    """A serving cost profile as a policy reads it: the time of a step of `sequences` sequences and `tokens`
+    tokens over `kv_tokens` tokens of context, ms."""
+
+    def estimate_ms(self, sequences: int, tokens: int, kv_tokens: int) -> float: ...
+
+
+class SpeculationPolicy(Protocol):
+    """A serving engine's speculation policy (policies/speculation.py, docs/serving.md section 3): after every
+    step, one K per request that drafts next (`plan`, given how many requests the step ran), then each drafted
+    request's outcome (`record`) and each request's end (`finish`)."""
+
+    @property
+    def speculates(self) -> bool: ...  # False: no drafter runs at all
+
+    @property
+    def max_k(self) -> int: ...  # the most drafts it asks one request for (the drafter is asked for this many)
+
+    def bind(self, pricer: StepPricer, kv_tokens: Callable[[int], int]) -> None: ...
+
+    def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]: ...
+
+    def record(self, rid: int, drafted: int, accepted: int) -> None: ...
+
+    def finish(self, rid: int) -> None: ...

@@ -34,10 +34,9 @@ from typing import Any, Protocol
 
 import simpy
 
-from policies.speculation import Speculation
 from sim.core.errors import ConfigError
 from sim.core.params import check_range, param
-from sim.core.protocols import Drafter
+from sim.core.protocols import Drafter, SpeculationPolicy
 from sim.engine.serving_costs import ServingProfile, StepShape
 from sim.engine.trace import Trace, TraceTarget
 from sim.engine.vllm import VllmRequest
@@ -51,7 +50,9 @@ class SchedulerParams:
 
     max_num_seqs: int = param(128, "most requests running at once (vLLM's max_num_seqs)")
     max_num_batched_tokens: int = param(2048, "token budget of one step, prefill chunks and decodes together")
-    kv_cache_tokens: int = param(23296, "KV cache capacity in tokens (vLLM: kv_cache_memory_bytes / bytes per token)")
+    # The default is what vLLM 0.32 gives SmolLM2-135M in float32 with kv_cache_memory_bytes = 1 GiB on this CPU:
+    # 162 blocks of 128 tokens (its log: "CPU KV cache size: 20,820 tokens", whole blocks of it usable).
+    kv_cache_tokens: int = param(20736, "KV cache capacity in tokens, whole blocks (vLLM's log says its size)")
     block_size: int = param(128, "KV cache block, tokens (vLLM on a CPU: 128)")
     max_model_len: int = param(4096, "vLLM's max_model_len: a request's prompt and reply together stay below it")
     chunked_prefill: bool = param(True, "split long prompts into chunks that share the budget with decodes")
@@ -126,26 +127,6 @@ class ReplayCosts:
         return self.costs.device_ms(tokens, kv_tokens + 1) + self.costs.host_gap_ms(kv_tokens + 1)
 
 
-class BatchOneCosts:
-    """A step price seen as a single-request profile (`ForwardCosts`), for mlxcel's governors that read costs:
-    what a step of one request of width w at context n costs."""
-
-    def __init__(self, pricer: Any) -> None:
-        self.pricer = pricer
-
-    def device_ms(self, width: int, context: int) -> float:
-        return float(self.pricer.estimate_ms(1, width, max(context - 1, 0)))
-
-    def host_gap_ms(self, context: int) -> float:
-        return 0.0
-
-    def prefill_ms(self, prompt_tokens: int) -> float:
-        return float(self.pricer.estimate_ms(1, prompt_tokens, 0))
-
-    def check_width(self, width: int) -> None:
-        return None
-
-
 # ---------------------------------------------------------------- requests and steps
 
 
@@ -194,7 +175,7 @@ class Live:
         self.started = False  # the first token is out
         self.first_ms = math.nan
         self.finish_ms = math.nan
-        self.emits: list[tuple[float, int]] = []  # (time, tokens) per step that emitted
+        self.emits: list[tuple[float, int]] = []  # (time, tokens streamed) per step that streamed any
         self.preemptions = 0
         self.busy_ms = 0.0  # the durations of the steps it ran in, added in order
         self.drafted = 0
@@ -275,13 +256,15 @@ class Engine:
 
     def __init__(
         self,
-        policy: Speculation[Any],
+        policy: SpeculationPolicy,
         costs: StepCosts,
         scheduler: SchedulerParams,
         drafter: Callable[[Trace], Drafter],
         keep_steps: bool = False,
+        max_tokens: int | None = None,
     ) -> None:
         self.policy = policy
+        self.max_tokens = max_tokens  # a cap below the traces' own, as a load generator's max_tokens
         self.costs = costs
         self.params = scheduler
         self.drafter = drafter
@@ -316,11 +299,16 @@ class Engine:
                 f"{self.params.max_model_len}"
             )
         target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
+        cap = trace.max_tokens
+        if self.max_tokens is not None:
+            if cap is not None and self.max_tokens > cap:
+                raise ConfigError(f"max_tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
+            cap = self.max_tokens
         request = VllmRequest(
             target,
             self.params.max_model_len,
             trace.prompt_tokens,
-            trace.max_tokens,
+            cap,
             self.drafter(trace),
             self.max_k,
         )
@@ -449,13 +437,8 @@ class Engine:
                 if not live.started:
                     emitted = live.request.prefill()
                     live.started = True
-                    if emitted:
-                        live.first_ms = end
-                        live.emits.append((end, emitted))
                 else:  # a recompute after preemption samples the next token, without drafts
                     emitted = live.request.verify([], 0)
-                    if emitted:
-                        live.emits.append((end, emitted))
             else:
                 request = live.request
                 before = request.counters.num_accepted_tokens
@@ -467,8 +450,13 @@ class Engine:
                     drafts += len(e.drafts)
                     accepted_total += accepted
                     self.policy.record(live.rid, len(e.drafts), accepted)
-                if emitted:
-                    live.emits.append((end, emitted))
+            # What the client receives from this step: the tokens kept, and the EOS a request stopped at (vLLM
+            # streams it and counts it as an output token).
+            streamed = emitted + live.request.eos
+            if streamed:
+                if not live.emits:
+                    live.first_ms = end
+                live.emits.append((end, streamed))
             # What the verify keeps: the computed count follows the tokens kept (rejected drafts' KV is dropped).
             live.computed = live.num_tokens - 1
             if live.request.done:
@@ -604,7 +592,6 @@ def recurrence(
 
 __all__ = [
     "Arrival",
-    "BatchOneCosts",
     "Engine",
     "ProfileCosts",
     "ReplayCosts",

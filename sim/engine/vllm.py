@@ -95,12 +95,14 @@ class VllmRequest:
         self.answers_left = getattr(target, "answers_left", None)  # a trace target knows where its recording ends
         self.emitted = 0
         self.done = False
+        self.eos = False  # it stopped at an EOS (not emitted: the stop rules cut it)
 
     def prefill(self) -> int:
         """Prefill emits the first token (0 when it is EOS or the cap leaves no room); returns the tokens emitted."""
         first = self.target.prefill()
         self.counters.sampled.append(first)
         if self.target.is_eos(first) or self.cap < 1:
+            self.eos = self.target.is_eos(first) and self.cap >= 1
             self._finish()
             return 0
         self.context.append(first)
@@ -187,6 +189,7 @@ class VllmRequest:
                 )
             )
         if eos or self.emitted >= self.cap:
+            self.eos = eos
             self._finish()
         return landed
 

@@ -2,8 +2,8 @@
 
 What the vllm engine model asks a profile for is the time of one engine step of width w = 1 + drafts at context n
 (the whole step as the host sees it: scheduling, the forward, rejection sampling, drafting, output processing), the
-per-token time of plain decoding (vLLM without speculation schedules asynchronously, overlapping the host's work
-with the forward: the profile's P) and the prefill.
+per-token time of plain decoding (the profile's P: on a GPU vLLM without speculation schedules asynchronously,
+overlapping the host's work with the forward; its CPU backend does not) and the prefill.
 
 How: per K = 1..W-1, an engine with n-gram speculation K (prompt_lookup 1..3), each in a process of its own, steps
 one request at a time by hand (`LLMEngine.step`), timing every step. A step's width is known from the context
@@ -147,7 +147,7 @@ def profile_data(m: dict[str, Any], name: str, model: str, machine: str, command
         "notes": "; ".join(
             [
                 "S(w): median time of a vLLM engine step verifying w - 1 n-gram drafts, scheduling to outputs; "
-                "P: plain decoding's time per token (asynchronous scheduling)",
+                "P: plain decoding's time per token",
                 *notes,
             ]
         ),

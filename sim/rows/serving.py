@@ -1,9 +1,10 @@
 """A serving run's row: throughput, latencies and goodput, batch and K, from the serving model's result
 (docs/serving.md, section 4 defines every number).
 
-Per request: TTFT = first token - arrival; TPOT = (last token - first token) / (tokens - 1), for requests of two
-tokens or more; end-to-end = last token - arrival. Inter-token latency: the gap between two steps that emitted
-tokens of a request, split evenly over the tokens the later one emitted (a step that lands 4 tokens after 40 ms
+Output tokens are counted as vLLM counts and streams them: the EOS a request stopped at is one. Per request:
+TTFT = first token - arrival; TPOT = (last token - first token) / (tokens - 1), for requests of two tokens or
+more; end-to-end = last token - arrival. Inter-token latency: the gap between two steps that emitted tokens of a
+request, split evenly over the tokens the later one emitted (a step that lands 4 tokens after 40 ms
 gives four gaps of 10 ms), so the mean ITL equals the mean TPOT of the tokens. Throughput runs from the start
 (time 0) to the last token. Goodput is the requests per second that met every latency limit given.
 Percentiles are numpy's (linear interpolation), as `vllm bench serve` reports them.
@@ -200,7 +201,7 @@ def summarize(
     e2es: list[float] = []
     good = tokens = drafted = accepted = 0
     for live in result.requests:
-        emitted = live.request.emitted
+        emitted = sum(count for _, count in live.emits)  # as vLLM counts output tokens: an EOS it stopped at too
         tokens += emitted
         drafted += live.drafted
         accepted += live.accepted
@@ -281,11 +282,19 @@ def run_serving(
     driver: str = "simpy",
     keep_steps: bool = False,
     progress: Callable[[float], None] | None = None,
+    max_tokens: int | None = None,
 ) -> tuple[ServingRow, ServingResult]:
     """Serve `arrivals` under one policy: the row and the model's result."""
     policy = make_speculation(variant.name, variant.values)
     config = make_config("vllm", dataclasses.asdict(drafter))
-    engine = Engine(policy, costs, scheduler, lambda trace: request_drafter(trace, config), keep_steps=keep_steps)
+    engine = Engine(
+        policy,
+        costs,
+        scheduler,
+        lambda trace: request_drafter(trace, config),
+        keep_steps=keep_steps,
+        max_tokens=max_tokens,
+    )
     run = DRIVERS[driver]
     result = run(engine, arrivals, progress)
     drafter_keys = drafter_settings(drafter)
@@ -294,7 +303,7 @@ def run_serving(
         label=variant.label,
         policy=variant.name,
         params={**policy.settings(), **{"engine": policy.engine_settings(drafter_keys)}},
-        load={**load, "arrivals_sha256": arrivals_digest(arrivals)},
+        load={**load, "max_tokens": max_tokens, "arrivals_sha256": arrivals_digest(arrivals)},
         profile=profile_meta,
         scheduler=dataclasses.asdict(scheduler),
         drafter=drafter_keys,

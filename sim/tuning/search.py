@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import optuna
@@ -28,7 +28,7 @@ from sim.tuning import optuna_private
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
 from sim.tuning.heartbeat import heartbeat
 from sim.tuning.locks import TrialGate
-from sim.tuning.spec import StudySpec, baseline_params, load_spec
+from sim.tuning.spec import StudySpec, load_spec
 from sim.tuning.storage import open_storage
 from sim.tuning.storage_errors import reading
 from sim.tuning.storage_url import storage_file
@@ -53,7 +53,22 @@ def sampler_seed(seed: int, invocation: int, worker: int) -> int:
     return int(np.random.SeedSequence([seed, invocation, worker]).generate_state(1)[0])
 
 
-def make_sampler(spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
+class Searched(Protocol):
+    """What the trial loop needs of a spec: a replay study's (StudySpec) or a serving study's
+    (sim/tuning/serving.py's ServingSpec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def objectives(self) -> tuple[str, ...]: ...
+    @property
+    def sampler(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    def first_trial(self) -> dict[str, Any] | None: ...
+
+
+def make_sampler(spec: Searched, seed: int) -> optuna.samplers.BaseSampler:
     """Seeded with `seed` (see sampler_seed).
 
     Constraints reach the samplers through `Trial.set_constraint` (optuna 5's replacement of constraints_func).
@@ -198,6 +213,24 @@ def work(
 
     A trial interrupted while it runs (Ctrl-C, SIGTERM) is told FAIL before the interrupt goes on; a stop that
     comes during a storage call is held until that call is over (see sim.core.stops)."""
+
+    def objective(trial: Trial) -> list[float]:
+        return run_trial(trial, spec, matrix, sleep_s)
+
+    run_study(spec, objective, storage_url, limits, seed, heartbeat_s, tally)
+
+
+def run_study(
+    spec: Searched,
+    objective: Callable[[Trial], list[float]],
+    storage_url: str,
+    limits: Limits,
+    seed: int,
+    heartbeat_s: int,
+    tally: Tally,
+) -> None:
+    """`work` for any evaluation: `objective` runs one trial (its values; optuna.TrialPruned for a point no
+    engine can run). A serving study (sim/tuning/serving.py) runs its trials through here."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url, heartbeat_s)
     with reading(storage_url):
@@ -205,7 +238,7 @@ def work(
     gate = TrialGate(storage_url, spec.name)
     try:
         with STOPS.handling():
-            trials(study, storage, spec, matrix, gate, limits, sleep_s, tally)
+            trials(study, storage, objective, gate, limits, tally)
     finally:
         gate.close()
 
@@ -213,14 +246,12 @@ def work(
 def trials(
     study: optuna.Study,
     storage: optuna.storages.BaseStorage,
-    spec: StudySpec,
-    matrix: MatrixEvaluator,
+    objective: Callable[[Trial], list[float]],
     gate: TrialGate,
     limits: Limits,
-    sleep_s: float,
     tally: Tally,
 ) -> None:
-    """The trial loop of `work`, with the process's stops taken."""
+    """The trial loop of `run_study`, with the process's stops taken."""
     while limits.deadline is None or time.time() < limits.deadline:
         STOPS.check()
         with warnings.catch_warnings():
@@ -235,7 +266,7 @@ def trials(
         # which reruns the parameters; this one drops its result and goes on.
         with heartbeat(storage, optuna_private.trial_id(trial)):
             try:
-                values = run_trial(trial, spec, matrix, sleep_s)
+                values = objective(trial)
             except optuna.TrialPruned:
                 study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             except UpdateFinishedTrialError:
@@ -249,7 +280,7 @@ def trials(
 
 
 def prepare(
-    spec: StudySpec, storage_url: str, heartbeat_s: int, run: dict[str, Any] | None
+    spec: Searched, storage_url: str, heartbeat_s: int, run: dict[str, Any] | None
 ) -> tuple[optuna.Study, int, int]:
     """Create or continue the study; a new study gets the baseline as its first trial. With `run` (what this
     invocation was asked to do), record it in the study's `invocations`, so the report can say how to rebuild the
@@ -260,7 +291,7 @@ def prepare(
             if frozen.study_name == spec.name:
                 storage.get_all_trials(optuna_private.study_id(frozen), deepcopy=False)
     directions: list[Literal["maximize"]] = ["maximize"] * len(spec.objectives)
-    baseline = baseline_params(spec)
+    baseline = spec.first_trial()
     gate = TrialGate(storage_url, spec.name)
     try:
         with gate, reading(storage_url):  # invocations starting together: one creates, one enqueues, each counted

@@ -74,6 +74,8 @@ KEYS = {
     "drafter": "drafter of every trial: lookup (default), suffix, ngram or vllm_suffix; search or fix its parameters "
     "as drafter.KEY",
     "engine": "mlxcel (default: its governors) or vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md)",
+    "serving": "a serving study: tune a serving speculation policy under load (sim/tuning/serving.py, "
+    "docs/tuning.md, Serving studies)",
 }
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
 RUNS = "runs"  # a user's studies: storage runs/<name>.db and report runs/<name>/, relative to where they run
@@ -252,6 +254,10 @@ class StudySpec:
         A pair the engine refuses (ngram_min > ngram_max, cooldown_min > cooldown_max) is pruned by sim.tune.
         """
         return {dim.name: dim.suggest(trial) for dim in self.search_space}
+
+    def first_trial(self) -> dict[str, Any] | None:
+        """The parameters a new study enqueues as its trial 0: the baseline's, when it is of the searched family."""
+        return baseline_params(self)
 
     def config(self, params: dict[str, Any]) -> PolicyConfig:
         """The configuration one trial evaluates: fixed settings, then the trial's own."""
@@ -546,13 +552,26 @@ def _number(
     return value
 
 
-def load_spec(path: str | Path) -> StudySpec:
-    path = str(path)
+def read_spec(path: str) -> tuple[bytes, str, Any, _Reader]:
+    """(the file's bytes, its text, its parsed YAML, a reader naming its lines), its top-level keys checked."""
     data = read_bytes(path, StudyError, "study spec")
     text = decode_text(data, path, StudyError)
     raw = parse_yaml(text, path, StudyError)  # first: it refuses what would be costly to index below
     r = _Reader(path, text)
     r.check_keys(raw, KEYS)
+    return data, text, raw, r
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """A replay study's spec (traces x profiles); a serving study's is refused (sim.tuning.serving.load_study reads
+    both kinds: serving.py builds on this module, never the other way round)."""
+    data, text, raw, r = read_spec(str(path))
+    if "serving" in raw:
+        raise r.fail("a serving study (serving:): python -m sim.tune reads it with load_study", "serving")
+    return replay_spec(r, raw, str(path), text, data)
+
+
+def replay_spec(r: _Reader, raw: dict[str, Any], path: str, text: str, data: bytes) -> StudySpec:
     raw = _engine(r, raw)
     for key in ("name", "policy", "traces", "profiles"):
         if key not in raw:
@@ -607,19 +626,7 @@ def load_spec(path: str | Path) -> StudySpec:
     }
 
     objectives = _objectives(r, raw)
-    sampler_raw = r.check_keys(raw.get("sampler") or {}, ("name", "seed"), "sampler")
-    sampler = sampler_raw.get("name", "nsga2" if len(objectives) > 1 else "tpe")
-    if sampler not in SAMPLERS:
-        raise r.fail(f"unknown sampler {sampler!r}; allowed: {', '.join(SAMPLERS)}", "sampler", "name")
-    seed = _number(r, sampler_raw.get("seed", 0), "sampler seed", "sampler", "seed", integer=True, low=0, high=MAX_SEED)
-
-    n_trials = _number(r, raw.get("n_trials", 100), "n_trials", "n_trials", integer=True, low=0, high=MAX_TRIALS)
-    timeout = raw.get("timeout")
-    if timeout is not None:
-        timeout = float(_number(r, timeout, "timeout (seconds)", "timeout", low=0, high=MAX_TIMEOUT_S))
-        if timeout == 0:
-            raise r.fail("timeout must be a positive number of seconds (leave it out for no limit), got 0", "timeout")
-    storage = _storage(r, raw.get("storage") or default_storage(name))
+    sampler, seed, n_trials, timeout, storage = search_settings(r, raw, name, len(objectives))
 
     traces, groups, trace_globs = _traces(r, raw["traces"])
     profiles = _profiles(r, raw["profiles"])
@@ -650,6 +657,31 @@ def load_spec(path: str | Path) -> StudySpec:
     )
     _check_baseline_in_space(r, spec)
     return spec
+
+
+class SearchSettings(typing.NamedTuple):
+    sampler: str
+    seed: int
+    n_trials: int
+    timeout: float | None
+    storage: str
+
+
+def search_settings(r: _Reader, raw: dict[str, Any], name: str, objectives: int) -> SearchSettings:
+    """The keys every study has, whatever it evaluates: sampler, n_trials, timeout, storage."""
+    sampler_raw = r.check_keys(raw.get("sampler") or {}, ("name", "seed"), "sampler")
+    sampler = sampler_raw.get("name", "nsga2" if objectives > 1 else "tpe")
+    if sampler not in SAMPLERS:
+        raise r.fail(f"unknown sampler {sampler!r}; allowed: {', '.join(SAMPLERS)}", "sampler", "name")
+    seed = _number(r, sampler_raw.get("seed", 0), "sampler seed", "sampler", "seed", integer=True, low=0, high=MAX_SEED)
+    n_trials = _number(r, raw.get("n_trials", 100), "n_trials", "n_trials", integer=True, low=0, high=MAX_TRIALS)
+    timeout = raw.get("timeout")
+    if timeout is not None:
+        timeout = float(_number(r, timeout, "timeout (seconds)", "timeout", low=0, high=MAX_TIMEOUT_S))
+        if timeout == 0:
+            raise r.fail("timeout must be a positive number of seconds (leave it out for no limit), got 0", "timeout")
+    storage = _storage(r, raw.get("storage") or default_storage(name))
+    return SearchSettings(sampler, seed, n_trials, timeout, storage)
 
 
 def _name(r: _Reader, name: Any) -> str:

