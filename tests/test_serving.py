@@ -353,3 +353,58 @@ def test_command_prints_a_table_per_rate(capsys):
     out = capsys.readouterr().out
     assert out.count("policy ") == 2 and "rate 1.0 req/s" in out and "rate 8.0 req/s" in out
     assert "static:k=3" in out
+
+
+@pytest.mark.parametrize(
+    "drafter",
+    [
+        '{"method": "lookup", "prompt_lookup_min": 1, "prompt_lookup_max": 4}',
+        '{"method": "suffix"}',
+        '{"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5}',
+    ],
+)
+def test_every_drafter_serves_and_is_named_in_the_rows(capsys, drafter):
+    argv = [str(CORPUS), "--rate", "4", "--requests", "30", "--profile", "h100-llama-3-8b", "--json"]
+    assert serve_main([*argv, "--compare", "static:k=4", "--speculative-config", drafter]) == 0
+    row = json.loads(capsys.readouterr().out)
+    method = json.loads(drafter)["method"]
+    assert row["drafter"]["method"] == method and row["drafted"] > 0 and 0 < row["accepted"] <= row["drafted"]
+
+
+def test_mlxcel_lookup_and_vllm_ngram_draft_differently_from_the_same_bounds(traces):
+    arrivals = generated(traces, rate=2.0, requests=60, seed=4)
+    rows = {}
+    for mlxcel in (False, True):
+        rows[mlxcel], _ = run_serving(
+            arrivals,
+            Variant(name="static", values={"k": 6}, label="static"),
+            costs=ProfileCosts(CPU_LIKE),
+            profile_meta={},
+            scheduler=SchedulerParams(),
+            drafter=DRAFTER,
+            slo=Slo(),
+            load={},
+            driver="recurrence",
+            mlxcel_lookup=mlxcel,
+        )
+    assert rows[True].drafter["method"] == "lookup" and rows[False].drafter["method"] == "ngram"
+    assert rows[True].output_tokens == rows[False].output_tokens  # the same replies
+    assert (rows[True].drafted, rows[True].accepted) != (rows[False].drafted, rows[False].accepted)
+
+
+def test_steps_out_records_the_batch_over_time_and_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "steps.jsonl"
+    argv = [str(CORPUS), "--rate", "3", "--requests", "20", "--profile", "h100-llama-3-8b", "--steps-out", str(out)]
+    assert serve_main([*argv, "--compare", "none,static:k=3"]) == 0
+    steps = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {s["label"] for s in steps} == {"none", "static:k=3"}
+    for label in ("none", "static:k=3"):
+        mine = [s for s in steps if s["label"] == label]
+        assert all(a["end_ms"] <= b["start_ms"] for a, b in zip(mine, mine[1:], strict=False))  # one step at a time
+        assert all(1 <= s["sequences"] <= s["tokens"] for s in mine)
+    assert all(s["drafts"] == 0 for s in steps if s["label"] == "none")
+    assert any(s["drafts"] > 0 for s in steps if s["label"] == "static:k=3")
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert serve_main([*argv, "--compare", "none"]) != 0
+    assert "already exists" in capsys.readouterr().err and out.read_bytes() == before

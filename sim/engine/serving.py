@@ -73,9 +73,12 @@ class SchedulerParams:
 
 
 class StepCosts(Protocol):
-    """Prices one engine step: (device ms, host ms), added to the clock in that order."""
+    """Prices one engine step: (device ms, host ms), added to the clock in that order, then the host's drafting
+    for the `n` requests that draft after it."""
 
     def step_parts(self, step: Step) -> tuple[float, float]: ...
+
+    def draft_ms(self, n: int) -> float: ...
 
     def estimate_ms(self, sequences: int, tokens: int, kv_tokens: int) -> float: ...
 
@@ -88,6 +91,9 @@ class ProfileCosts:
 
     def step_parts(self, step: Step) -> tuple[float, float]:
         return self.profile.step_parts(step.shape())
+
+    def draft_ms(self, n: int) -> float:
+        return self.profile.draft_ms * n
 
     def estimate_ms(self, sequences: int, tokens: int, kv_tokens: int) -> float:
         # The policy's view before drafting: every sequence's tokens attend over its context (mean per sequence).
@@ -125,6 +131,9 @@ class ReplayCosts:
 
     def estimate_ms(self, sequences: int, tokens: int, kv_tokens: int) -> float:
         return self.costs.device_ms(tokens, kv_tokens + 1) + self.costs.host_gap_ms(kv_tokens + 1)
+
+    def draft_ms(self, n: int) -> float:
+        return 0.0  # replay prices n-gram drafting as free (docs/timing.md)
 
 
 # ---------------------------------------------------------------- requests and steps
@@ -203,7 +212,6 @@ class Entry:
 @dataclass(slots=True)
 class Step:
     entries: list[Entry]
-    drafting: int  # requests that will draft after the step
 
     def shape(self) -> StepShape:
         tokens = kv = pairs = 0
@@ -212,9 +220,8 @@ class Step:
             tokens += t
             kv += c
             pairs += t * c + t * (t + 1) // 2
-        return StepShape(
-            sequences=len(self.entries), tokens=tokens, kv_tokens=kv, attention_pairs=pairs, drafting=self.drafting
-        )
+        # Drafting is priced apart (`StepCosts.draft_ms`): which requests draft is decided after the step.
+        return StepShape(sequences=len(self.entries), tokens=tokens, kv_tokens=kv, attention_pairs=pairs)
 
 
 @dataclass(frozen=True)
@@ -411,24 +418,22 @@ class Engine:
                 )
         if not entries:
             return None
-        drafting = sum(e.completes for e in entries) if self.max_k else 0
-        return Step(entries, drafting)
+        return Step(entries)
 
     # -- 3-5. run the step
 
     def complete(self, step: Step, start_ms: float, device_ms: float, host_ms: float) -> float:
-        """Apply a step that ran from `start_ms`; returns its end (the clock after device, then host time)."""
-        end = start_ms + device_ms
-        end = end + host_ms
-        self._account(end)  # everyone here now was in the system for the whole step
+        """Apply a step that ran from `start_ms`: verify, draft for the next step, then time it (device, host, and
+        the host's drafting for the requests given K > 0: vLLM drafts inside the step, before its tokens go out);
+        returns its end, when its tokens land."""
         result = self.result
         waiting, running_before = len(self.waiting), len(self.running)
         sampled: list[Live] = []
+        finished: list[Live] = []
+        landed: list[tuple[Live, int]] = []
         drafts = accepted_total = prefill_tokens = 0
         for e in step.entries:
             live = e.live
-            live.busy_ms = live.busy_ms + device_ms
-            live.busy_ms = live.busy_ms + host_ms
             live.computed += e.tokens
             if e.prefill:
                 prefill_tokens += e.tokens
@@ -452,30 +457,30 @@ class Engine:
                     self.policy.record(live.rid, len(e.drafts), accepted)
             # What the client receives from this step: the tokens kept, and the EOS a request stopped at (vLLM
             # streams it and counts it as an output token).
-            streamed = emitted + live.request.eos
+            landed.append((live, emitted + live.request.eos))
+            # What the verify keeps: the computed count follows the tokens kept (rejected drafts' KV is dropped).
+            live.computed = live.num_tokens - 1
+            (finished if live.request.done else sampled).append(live)
+        drafting = self._draft(sampled, len(step.entries)) if self.max_k and sampled else 0
+        end = start_ms + device_ms
+        end = end + host_ms
+        draft_ms = self.costs.draft_ms(drafting) if drafting else 0.0
+        if drafting:
+            end = end + draft_ms
+        self._account(end)  # everyone here now was in the system for the whole step
+        for e in step.entries:
+            live = e.live
+            live.busy_ms = live.busy_ms + device_ms
+            live.busy_ms = live.busy_ms + host_ms
+            if drafting:
+                live.busy_ms = live.busy_ms + draft_ms
+        for live, streamed in landed:
             if streamed:
                 if not live.emits:
                     live.first_ms = end
                 live.emits.append((end, streamed))
-            # What the verify keeps: the computed count follows the tokens kept (rejected drafts' KV is dropped).
-            live.computed = live.num_tokens - 1
-            if live.request.done:
-                self._finish(live, end)
-            else:
-                sampled.append(live)
-        # 5. Drafts for the next step, with K for this step's batch size.
-        if self.max_k and sampled:
-            for live in sampled:
-                room = min(self.max_k, live.request.room())
-                live.spec = live.request.drafter.propose(live.request.context, room) if room > 0 else []
-                live.available = len(live.spec)
-            ks = self.policy.plan(sampled, len(step.entries))
-            counts = result.k_counts
-            for live, k in zip(sampled, ks, strict=True):
-                live.k = min(k, live.request.room())
-                live.spec = live.spec[:k]
-                live.request.out.lookups.append((len(live.request.out.actions), len(live.spec)))
-                counts[k] = counts.get(k, 0) + 1
+        for live in finished:
+            self._finish(live, end)
         result.busy_ms += end - start_ms
         result.batch_ms += len(step.entries) * (end - start_ms)
         by_size = result.batch_ms_by_size
@@ -496,6 +501,24 @@ class Engine:
                 )
             )
         return end
+
+    def _draft(self, sampled: list[Live], batch: int) -> int:
+        """Step 5: drafts for the next step, with the policy's K for a step of `batch` requests; returns how many
+        requests draft (K > 0: vLLM's n-gram search returns at once for K = 0, costing nothing)."""
+        for live in sampled:
+            room = min(self.max_k, live.request.room())
+            live.spec = live.request.drafter.propose(live.request.context, room) if room > 0 else []
+            live.available = len(live.spec)
+        ks = self.policy.plan(sampled, batch)
+        counts = self.result.k_counts
+        drafting = 0
+        for live, k in zip(sampled, ks, strict=True):
+            live.k = min(k, live.request.room())
+            live.spec = live.spec[:k]
+            live.request.out.lookups.append((len(live.request.out.actions), len(live.spec)))
+            counts[k] = counts.get(k, 0) + 1
+            drafting += live.k > 0
+        return drafting
 
     def _finish(self, live: Live, end_ms: float) -> None:
         live.finish_ms = end_ms

@@ -283,10 +283,17 @@ def run_serving(
     keep_steps: bool = False,
     progress: Callable[[float], None] | None = None,
     max_tokens: int | None = None,
+    mlxcel_lookup: bool = False,
 ) -> tuple[ServingRow, ServingResult]:
-    """Serve `arrivals` under one policy: the row and the model's result."""
+    """Serve `arrivals` under one policy: the row and the model's result. The drafter is vLLM's (`drafter`: its
+    n-gram or suffix keys), or with `mlxcel_lookup` mlxcel's prompt lookup over `drafter`'s n-gram bounds (the
+    most recent occurrence of the longest match, where vLLM takes the earliest)."""
     policy = make_speculation(variant.name, variant.values)
-    config = make_config("vllm", dataclasses.asdict(drafter))
+    if mlxcel_lookup:
+        low, high = drafter.lookup_bounds
+        config = make_config("fixed", {"ngram_min": low, "ngram_max": high})
+    else:
+        config = make_config("vllm", dataclasses.asdict(drafter))
     engine = Engine(
         policy,
         costs,
@@ -298,6 +305,8 @@ def run_serving(
     run = DRIVERS[driver]
     result = run(engine, arrivals, progress)
     drafter_keys = drafter_settings(drafter)
+    if mlxcel_lookup:
+        drafter_keys["method"] = LOOKUP
     row = summarize(
         result,
         label=variant.label,
@@ -324,3 +333,4 @@ def drafter_settings(drafter: VllmParams) -> dict[str, Any]:
 
 
 DRIVERS = {"simpy": simulate, "recurrence": recurrence}
+LOOKUP = "lookup"  # mlxcel's prompt lookup: a drafter of the lab's, not a vLLM method
