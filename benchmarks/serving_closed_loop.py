@@ -22,7 +22,9 @@ scheduler settings. Compared per rate: output throughput (first send to last tok
 p99 TTFT, and the ranking of the configurations wherever the measured difference exceeds the noise.
 
 With --study: the study's best schedule (best.yaml) joins the configurations as `best`, beside `none` and the
-study's baseline, and studies/NAME/confirm/serving_confirm.json records the confirmation at every rate run.
+study's baseline, and the confirmation at every rate run is written beside --out (NAME_confirm.json) or to
+--confirm-out (the committed studies/dsd_smollm2_cpu_serving/confirm/serving_confirm.json was written there, the
+default of its day, by the command it records).
 --predict-only prints the predictions and starts no server.
 """
 
@@ -137,6 +139,12 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
     parser.add_argument("--model", default="smollm2-135m-instruct", help="the checkpoint the server loads")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
     parser.add_argument("--out", default="results/benchmarks/serving_closed_loop.json", help="result file (JSON)")
+    parser.add_argument(
+        "--confirm-out",
+        help="with --study: where the confirmation goes (default: beside --out, NAME_confirm.json; an existing file "
+        "is kept unless --force)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing --confirm-out file")
     args = parser.parse_args()
 
     from sim.hardware import catalog
@@ -314,10 +322,12 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
             "rankings": rankings,
             "closed_loop": str(out),
         }
-        folder = Path(args.study) / "confirm"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / "serving_confirm.json", json.dumps(confirm, indent=2, sort_keys=True) + "\n")
-        note(f"confirmation written to {folder / 'serving_confirm.json'}")
+        target = Path(args.confirm_out) if args.confirm_out else out.with_name(out.stem + "_confirm.json")
+        if target.exists() and not args.force:
+            target = target.with_name(target.stem + f".{int(time.time())}.json")  # never over a kept result
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, json.dumps(confirm, indent=2, sort_keys=True) + "\n")
+        note(f"confirmation written to {target}")
     return 0
 
 
