@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_TRACES = sorted((ROOT / "traces").glob("*.jsonl"))
 HEADER = {"type": "header", "version": 1, "prompt_tokens": [1, 2, 3], "stop": "eos"}
+
+# A test session started in the background from a script (`python -m pytest &`) inherits Ctrl-C ignored, and so
+# would every command the tests start; the tests of Ctrl-C send a real SIGINT and need it handled as a terminal's is.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def jsonl(*objects) -> str:

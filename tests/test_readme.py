@@ -36,6 +36,8 @@ LEFT_OUT = {
     "python benchmarks/vllm_closed_loop.py": "needs the vllm extra and runs for minutes (tests/test_vllm_real.py)",
     "python benchmarks/serving_closed_loop.py": "needs the vllm extra and runs for half an hour "
     "(tests/test_vllm_serving.py)",
+    "python benchmarks/headroom.py": "runs for minutes; tests/test_benchmarks.py runs it (--out-dir) and compares it "
+    "with the committed results",
     "python benchmarks/serving_speed.py": "runs for minutes; a benchmark, rerun by hand",
     "python benchmarks/serving_shapes.py": "runs for minutes; a benchmark, rerun by hand",
 }

@@ -1,5 +1,6 @@
 """The recorded corpus `traces/recorded/smollm2-135m-instruct/`: what it holds, that every trace says how it was made,
-and that its own command rebuilds it byte for byte (the tests marked `model` run the real checkpoint).
+and that its own command rebuilds it: the same tokens, the logits within 1e-3 (the tests marked `model` run the
+real checkpoint).
 
 Also `--model NAME` for the hardware commands: a catalog name resolves to its cache entry, whose files no output may
 overwrite, and the traces recorded from it carry its provenance and license instead of a machine's cache path.
@@ -26,6 +27,10 @@ PROMPTS = sorted((ROOT / "traces" / "prompts").glob("*.txt")) + sorted(
 )
 CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math_reasoning", "rag")
 CAP = 256
+# Another machine's float32 kernels may sum in another order, even where both name the same processor and torch runs
+# its AVX2 kernels on both (seen between two "AMD EPYC" machines): the logits then move in their fifth decimal, about
+# 1e-5 of logits near 15. A re-recording is held to the committed file within this, and to itself byte for byte.
+LOGIT_TOLERANCE = 1e-3
 
 
 def _portable(header: dict) -> dict:
@@ -85,33 +90,51 @@ def _shortest(n: int) -> list[Path]:
     return sorted(CORPUS.glob("*.jsonl"), key=lambda p: (len(read_trace(str(p)).tokens), p.name))[:n]
 
 
+def _rerecord(path: Path, scratch: Path, env: dict[str, str]) -> Path:
+    """Run the command in `path`'s header in `scratch`, a copy of the repository's layout holding only its prompt, so
+    that the very command runs as written; returns the trace it wrote."""
+    argv = _command(path)
+    prompt = scratch / argv[0]
+    prompt.parent.mkdir(parents=True, exist_ok=True)
+    prompt.write_bytes((ROOT / argv[0]).read_bytes())
+    done = subprocess.run(
+        [sys.executable, "-m", "sim.record", *argv],
+        cwd=scratch,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return scratch / "traces" / "recorded" / SMOL / path.name
+
+
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.torch
-def test_rerecording_two_prompts_gives_the_committed_files_byte_for_byte(smol, tmp_path):
+def test_rerecording_two_prompts_gives_the_committed_tokens_and_the_same_bytes_twice(smol, tmp_path):
+    """The two shortest replies, recorded again by the command in their headers, the shortest twice: byte for byte
+    the same both times (one machine is deterministic); against the committed file, the same header but for the
+    processor's name, the same tokens and candidates, and every logit within LOGIT_TOLERANCE (byte for byte on the
+    machine that recorded the corpus)."""
     folder, _ = smol
     env = {**os.environ, "DRAFTLAB_CACHE": str(folder.parent.parent), "TQDM_DISABLE": "1"}
-    # In a scratch copy of the repository's layout, so the very command in each header runs as written.
-    for path in _shortest(2):
-        argv = _command(path)
-        prompt = tmp_path / argv[0]
-        prompt.parent.mkdir(parents=True, exist_ok=True)
-        prompt.write_bytes((ROOT / argv[0]).read_bytes())
-        done = subprocess.run(
-            [sys.executable, "-m", "sim.record", *argv],
-            cwd=tmp_path,
-            env={**env, "PYTHONPATH": str(ROOT)},
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
-        fresh = tmp_path / "traces" / "recorded" / SMOL / path.name
+    for n, path in enumerate(_shortest(2)):
+        fresh = _rerecord(path, tmp_path / "first", env)
+        if n == 0:  # determinism once is enough: every recording runs the same code
+            assert _rerecord(path, tmp_path / "second", env).read_bytes() == fresh.read_bytes()
         committed_lines = path.read_bytes().splitlines(keepends=True)
         fresh_lines = fresh.read_bytes().splitlines(keepends=True)
-        head, fresh_head = json.loads(committed_lines[0]), json.loads(fresh_lines[0])
-        if head["device"] == fresh_head["device"]:
-            assert fresh.read_bytes() == path.read_bytes()
-        else:  # another processor: every token line byte for byte, the header but for the processor's name
-            assert fresh_lines[1:] == committed_lines[1:]
-            assert _portable(fresh_head) == _portable(head)
+        assert _portable(json.loads(fresh_lines[0])) == _portable(json.loads(committed_lines[0]))
+        _assert_same_tokens_close_logits(fresh_lines[1:], committed_lines[1:])
+
+
+def _assert_same_tokens_close_logits(fresh: list[bytes], committed: list[bytes]) -> None:
+    assert len(fresh) == len(committed)
+    for new_line, old_line in zip(fresh, committed, strict=True):
+        new, old = json.loads(new_line), json.loads(old_line)
+        assert new["id"] == old["id"]
+        assert [i for i, _ in new["top"]] == [i for i, _ in old["top"]]
+        assert new["margin"] == pytest.approx(old["margin"], abs=LOGIT_TOLERANCE)
+        for (_, a), (_, b) in zip(new["top"], old["top"], strict=True):
+            assert a == pytest.approx(b, abs=LOGIT_TOLERANCE)
