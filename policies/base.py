@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sim.core.protocols import Governor
+from sim.core.protocols import EngineSettings, Governor
 from sim.core.registry import Registry
 
 REGISTRY: Registry[Governor[Any]] = Registry("policy")
@@ -18,9 +18,9 @@ policy_class = REGISTRY.get_class
 
 
 def governors(causal_only: bool = False) -> list[str]:
-    """The governors of mlxcel's loop by name, sorted (not `vllm`, a configuration of another engine); with
-    `causal_only`, without the hindsight oracle."""
-    return sorted(n for n, c in REGISTRY.items() if c.engine == "mlxcel" and (c.causal or not causal_only))
+    """The governors by name, sorted (not an engine's own configuration such as `vllm`); with `causal_only`,
+    without the hindsight oracle."""
+    return sorted(n for n, c in REGISTRY.items() if not issubclass(c, EngineSettings) and (c.causal or not causal_only))
 
 
 def round_half_away_from_zero(x: float) -> int:

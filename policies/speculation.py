@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from sim.core.errors import ConfigError
 from sim.core.io import load_json
 from sim.core.params import MAX_SPAN, LoopParams, build_params, check_range, fields_of, param
-from sim.core.protocols import Governor, Slot, StepPricer, reads_costs
+from sim.core.protocols import EngineSettings, Governor, Slot, StepPricer, reads_costs
 from sim.core.registry import Registry
 
 from .vllm import MAX_BATCH, parse_schedule, schedule_k
@@ -384,7 +384,7 @@ class Governed(Speculation[GovernedParams]):
         from policies.base import REGISTRY as GOVERNORS
 
         self.cls = GOVERNORS.get_class(params.governor)
-        if self.cls.engine != "mlxcel" or not self.cls.causal:
+        if issubclass(self.cls, EngineSettings) or not self.cls.causal:
             raise ConfigError(f"governed: {params.governor!r} is not a causal governor of mlxcel's loop")
         settings = load_json(params.settings, "settings", ConfigError)
         own, loop = fields_of(self.cls.Params), fields_of(LoopParams)

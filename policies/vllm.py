@@ -17,7 +17,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.io import load_json
 from sim.core.params import MAX_SPAN, LoopParams, check_range, param
-from sim.core.protocols import Governor
+from sim.core.protocols import EngineSettings
 
 from .base import register
 
@@ -175,11 +175,11 @@ class VllmParams:
 
 
 @register("vllm")
-class Vllm(Governor[VllmParams]):
-    """K per step from the configuration; vLLM never pauses or adapts it per request."""
+class Vllm(EngineSettings[VllmParams]):
+    """K per step from the configuration; vLLM never pauses or adapts it per request. The vLLM engine's own
+    configuration (sim/engine/vllm.py replays it), no governor of mlxcel's loop."""
 
     Params = VllmParams
-    engine = "vllm"  # replayed by sim/engine/vllm.py, not by mlxcel's loop
 
     def __init__(self, params: VllmParams, max_draft: int):
         super().__init__(params, max_draft)

@@ -117,7 +117,7 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     if args.engine == "vllm":
         return _confirm_vllm(args, argv, traces, arms, profile, out)
     for arm in arms:
-        if arm.config is not None and arm.config.engine != "mlxcel":
+        if arm.config is not None and arm.config.own_keys:  # torch runs governors on mlxcel's loop
             raise UserError(f"arm {arm.label} configures vLLM: confirm it with --engine vllm (and --model)")
     from sim.hardware.confirm import confirm, markdown, summary
     from sim.hardware.loading import model_from_args, model_limits

@@ -22,9 +22,11 @@ from sim import cli
 from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs, same_file, write_atomic
 from sim.core.params import MAX_SPAN, LoopParams, describe
+from sim.core.protocols import Engine
 from sim.drafters.registry import parse_drafter, split_drafter
 from sim.drafters.stream import Stream, World, stream_order
 from sim.engine.costs import DEFAULT_PROFILE, Profile, bundled_profiles, load_profile, resolve
+from sim.engine.engines import DEFAULT_ENGINE, engine_named, engine_names
 from sim.engine.timing import MAX_SEED, Jitter, speedup, tokens_per_second
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
@@ -42,8 +44,6 @@ from sim.rows.replay import (
     require_widths,
 )
 from sim.rows.rounds import Run, rounds_text, run_record
-
-ENGINES = ("mlxcel", "vllm")
 
 DEFAULT_POLICY = "gated"
 MAX_RISK_MARGIN = 1000.0  # logits: margins between the two best are a few units, never thousands
@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--engine",
-        choices=ENGINES,
-        default="mlxcel",
+        choices=engine_names(),
+        default=DEFAULT_ENGINE,
         help="whose decode loop replays the traces: mlxcel (the default; governors) or vllm (vLLM's V1 speculative "
         "decoding, one request at a time, configured by --speculative-config; docs/vllm.md)",
     )
@@ -193,9 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _vllm_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
-    """--engine vllm: the one configuration --speculative-config gives (--set may add vllm keys such as
-    max_model_len), or a --compare list of vllm variants."""
+def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[PolicyConfig, str]]:
+    """An engine configured by its own keys (--engine vllm): the one configuration --speculative-config gives (--set
+    may add its keys such as max_model_len), or a --compare list of its variants."""
+    policy = engine.configuration
+    assert policy is not None
     for flag, value in (
         ("--policy", args.policy),
         ("--config", args.config),
@@ -206,7 +208,7 @@ def _vllm_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     ):
         if value is not None:
             raise ConfigError(
-                f"--engine vllm takes its settings from --speculative-config (vLLM's own keys), not {flag}"
+                f"--engine {engine.name} takes its settings from --speculative-config (vLLM's own keys), not {flag}"
             )
     settings = parse_assignments(args.settings, "--set")
     if args.compare is not None:
@@ -215,8 +217,8 @@ def _vllm_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
         configs = []
         for variant in args.compare.split(","):
             name, own = split_variant(variant)
-            if name != "vllm":
-                raise ConfigError(f"--engine vllm compares vllm:KEY=VALUE variants only, got {variant!r}")
+            if name != policy:
+                raise ConfigError(f"--engine {engine.name} compares {policy}:KEY=VALUE variants only, got {variant!r}")
             configs.append(make_config(name, {**settings, **own}))
         labels = [config.label() for config in configs]
         twice = sorted({label for label in labels if labels.count(label) > 1})
@@ -224,19 +226,20 @@ def _vllm_configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
             raise ConfigError(f"--compare lists the same configuration more than once: {', '.join(twice)}")
         return [(config, config.label()) for config in configs]
     if args.speculative_config is None:
-        raise ConfigError("--engine vllm needs --speculative-config JSON|FILE (vLLM's speculative_config)")
+        raise ConfigError(f"--engine {engine.name} needs --speculative-config JSON|FILE (vLLM's speculative_config)")
     params = read_speculative_config(args.speculative_config)
     twice = sorted(set(settings) & set(SPECULATIVE_KEYS))
     if twice:
         raise ConfigError(f"--set {', '.join(twice)}: set in --speculative-config instead (each key in one place)")
-    config = make_config("vllm", {**dataclasses.asdict(params), **settings})
-    return [(config, "vllm:" + json.dumps(config.params.speculative_config(), separators=(",", ":")))]
+    config = make_config(policy, {**dataclasses.asdict(params), **settings})
+    return [(config, f"{policy}:" + json.dumps(config.params.speculative_config(), separators=(",", ":")))]
 
 
 def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     """The configurations to replay, each with its label."""
-    if args.engine == "vllm":
-        return _vllm_configs(args)
+    engine = engine_named(args.engine)
+    if engine.configuration is not None:
+        return _own_key_configs(args, engine)
     if args.speculative_config is not None:
         raise ConfigError("--speculative-config configures vLLM: give it with --engine vllm")
     return _mlxcel_configs(args)
@@ -470,7 +473,7 @@ def _margins_note(traces: list[Trace]) -> str | None:
 
 def _worlds(args: argparse.Namespace, traces: list[Trace]) -> list[World | None]:
     """Per trace, its place in the stream of requests under --as-stream (else None: each trace its own world)."""
-    if args.as_stream and args.engine == "vllm":
+    if args.as_stream and not engine_named(args.engine).streams:
         # vLLM's cache keeps what each reply sampled (its EOS, drafts past the cap), which depends on the
         # configuration: benchmarks/vllm_conformance.py builds such streams per configuration.
         raise ConfigError(

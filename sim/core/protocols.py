@@ -1,4 +1,4 @@
-"""The protocols every stage is written against: governor, drafter, target and forward costs.
+"""The protocols every stage is written against: governor, drafter, target, forward costs and engine.
 
 A governor answers one question per loop iteration (`budget()`: how many tokens
 may be proposed now) and learns from each drafted round (`record(accepted)`).
@@ -106,8 +106,6 @@ class Governor(Generic[P]):
     Params: ClassVar[type]
     # Decisions depend only on the past. Only a hindsight oracle is not causal; hardware runs and studies refuse it.
     causal: ClassVar[bool] = True
-    # The engine whose loop replays it: mlxcel's (sim/engine/mlxcel.py), or vLLM's for the `vllm` configuration.
-    engine: ClassVar[str] = "mlxcel"
     # Claims a shadow probe carries and settles on (mlxcel's SHADOW_CONFIRM); gated makes it a parameter.
     shadow_confirm_length: int = 2
 
@@ -139,6 +137,12 @@ class Governor(Generic[P]):
         return {k: v for k, v in vars(self).items() if k not in ("params", "max_draft", "shadow_confirm_length")}
 
 
+class EngineSettings(Governor[P]):
+    """A policy that is an engine's own configuration rather than a governor (vLLM's `speculative_config`): its
+    parameters set the loop and the drafter (`Params.loop()`, `Params.drafter_settings()`), it is replayed only by
+    the engine whose `configuration` names it, and it is no governor of another engine's loop."""
+
+
 def reads_costs(cls: type[Governor[Any]]) -> bool:
     """Whether a governor class reads the cost profile (overrides `bind`): its run then differs per profile."""
     return cls.bind is not Governor.bind
@@ -159,6 +163,61 @@ def settle(probe: tuple[int, list[int]], context: Sequence[int], claims: int) ->
         if context[start + i] != claim:
             return False
     return True
+
+
+# ---------------------------------------------------------------- engine
+
+
+class EngineConfig(Protocol):
+    """What an engine reads of a configuration: its loop parameters and the policy's own parameters."""
+
+    @property
+    def loop(self) -> Any: ...  # sim.core.params.LoopParams
+
+    @property
+    def params(self) -> Any: ...
+
+
+class Engine:
+    """An engine's decode semantics for one request: which policies it replays and how it runs one
+    (`sim.engine.engines` registers them; docs/engines.md says how to add one). Engines are stateless: one
+    instance serves every run, and two instances of a class are equal."""
+
+    name: ClassVar[str]
+    # The policy that is this engine's own configuration (an EngineSettings), or None: it replays governors.
+    configuration: ClassVar[str | None] = None
+    # The setting that bounds a verify's width, as errors name it.
+    width_key: ClassVar[str] = "max_draft"
+    # Whether traces may be replayed as one stream of requests (a drafter cache that the configuration cannot change).
+    streams: ClassVar[bool] = True
+
+    def accepts(self, cls: type[Governor[Any]]) -> bool:
+        """Whether this engine replays policy class `cls`."""
+        if self.configuration is None:
+            return not issubclass(cls, EngineSettings)
+        return issubclass(cls, EngineSettings) and cls.name == self.configuration
+
+    def run(
+        self,
+        target: Target,
+        governor: Governor[Any],
+        config: EngineConfig,
+        prompt: Sequence[int],
+        max_tokens: int | None,
+        drafter: Drafter,
+        keep_iterations: bool = False,
+    ) -> Any:  # sim.engine.actions.LoopResult
+        """Decode one request until its stop rules end it; counters, action log and tokens."""
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
 
 
 # ---------------------------------------------------------------- serving: a speculation policy for a batch

@@ -68,10 +68,10 @@ class Iteration:
     proposal_len: int
     accepted: int
     emitted: int
-    paused: bool
-    probe_made: bool
-    probe_settled: bool
-    shadow_confirmed: bool
+    paused: bool = False
+    probe_made: bool = False
+    probe_settled: bool = False
+    shadow_confirmed: bool = False
     governor: dict[str, Any]  # the governor's state after the iteration
 
 
@@ -89,3 +89,26 @@ class LoopResult:
     lookups: list[tuple[int, int]] = field(default_factory=list, repr=False)
     # the engine's own counters where they are not mlxcel's (vLLM's: sim/engine/vllm.py), else None
     engine: Any = field(default=None, repr=False)
+
+    # Every engine's loop keeps its books through these three, so the log and the counters agree by construction.
+
+    def forward(self, action: int, context: int) -> None:
+        """One forward in the action log (a synchronous verify of width `action`, or a pipelined STEP) at context
+        length `context`: a round."""
+        self.actions.append(action)
+        self.contexts.append(context)
+        self.counters.rounds += 1
+
+    def drafted(self, proposed: int, accepted: int, first: int, landed: int) -> None:
+        """A verify that carried `proposed` drafts, `accepted` of them accepted, that emitted `landed` tokens from
+        the reply's token `first` on."""
+        c = self.counters
+        c.drafted_rounds += 1
+        c.proposed += proposed
+        c.accepted += accepted
+        self.drafted_spans.append((first, landed))
+
+    def log(self, **fields: Any) -> None:
+        """An iteration's record (`Iteration`'s fields but `actions_end`), when iterations are kept."""
+        if self.iterations is not None:
+            self.iterations.append(Iteration(actions_end=len(self.actions), **fields))

@@ -4,16 +4,35 @@ One implementation drives every target: a recorded trace in replay, a real model
 on hardware. It returns mlxcel's `[Prompt lookup]` counters and an action log
 (what the host asked of the device, in order; `sim/engine/actions.py`), which
 the timing model (`sim/engine/timing.py`) turns into time. Another engine's
-semantics would be a sibling of this file, written against the same protocols.
+semantics is a sibling of this file, written against the same protocols and registered beside it (docs/engines.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sim.core.params import NO_CAP, LoopParams
-from sim.core.protocols import Drafter, Governor, Target, settle, watches_context
-from sim.engine.actions import READ, STEP, Iteration, LoopResult
+from sim.core.protocols import Drafter, Engine, EngineConfig, Governor, Target, settle, watches_context
+from sim.engine.actions import READ, STEP, LoopResult
+from sim.engine.registry import register
+
+
+@register("mlxcel")
+class Mlxcel(Engine):
+    """mlxcel's loop replays every governor (the default engine); its configuration is the loop's parameters."""
+
+    def run(
+        self,
+        target: Target,
+        governor: Governor[Any],
+        config: EngineConfig,
+        prompt: Sequence[int],
+        max_tokens: int | None,
+        drafter: Drafter,
+        keep_iterations: bool = False,
+    ) -> LoopResult:
+        return run(target, governor, config.loop, prompt, max_tokens, drafter, keep_iterations=keep_iterations)
 
 
 def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place on purpose)
@@ -27,8 +46,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
 ) -> LoopResult:
     """Decode until EOS or `max_tokens` (None: until EOS) under `governor`; count as mlxcel does."""
     out = LoopResult(iterations=[] if keep_iterations else None)
-    c, actions, contexts, log = out.counters, out.actions, out.contexts, out.iterations
-    lookups, drafted_spans = out.lookups, out.drafted_spans
+    c, actions, contexts, lookups = out.counters, out.actions, out.contexts, out.lookups
     context = list(prompt)
 
     first = target.prefill()  # prefill emits the first token; it is not a round
@@ -86,9 +104,7 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
         )
         if pipelined:
             target.submit()
-            actions.append(STEP)
-            contexts.append(len(context) + in_flight)
-            c.rounds += 1
+            out.forward(STEP, len(context) + in_flight)
             c.paused_rounds += paused
 
         accepted = landed = 0
@@ -113,39 +129,30 @@ def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place
         else:
             # 7. Verify synchronously: forward [current] + proposal and walk the slots in order.
             kind = width = len(proposal) + 1
-            actions.append(width)
-            contexts.append(len(context))
-            c.rounds += 1
+            out.forward(width, len(context))
             accepted, landed, eos = walk(target, proposal, context, cap - emitted)
             emitted += landed
             if accepted < len(proposal):
                 target.rollback(len(proposal) - accepted)  # the rejected proposal positions leave the cache
             if proposal:
-                drafted_spans.append((emitted - landed, landed))
-                c.drafted_rounds += 1
-                c.proposed += len(proposal)
-                c.accepted += accepted
+                out.drafted(len(proposal), accepted, emitted - landed, landed)
                 governor.record(accepted)
             else:
                 c.paused_rounds += paused
 
-        if log is not None:
-            log.append(
-                Iteration(
-                    action=kind,
-                    actions_end=len(actions),
-                    width=width,
-                    budget=budget,
-                    proposal_len=len(proposal),
-                    accepted=accepted,
-                    emitted=landed,
-                    paused=paused,
-                    probe_made=probe_made,
-                    probe_settled=confirmed is not None,
-                    shadow_confirmed=bool(confirmed),
-                    governor=governor.state(),
-                )
-            )
+        out.log(
+            action=kind,
+            width=width,
+            budget=budget,
+            proposal_len=len(proposal),
+            accepted=accepted,
+            emitted=landed,
+            paused=paused,
+            probe_made=probe_made,
+            probe_settled=confirmed is not None,
+            shadow_confirmed=bool(confirmed),
+            governor=governor.state(),
+        )
         if eos:
             break
 

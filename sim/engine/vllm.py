@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.params import NO_CAP
-from sim.core.protocols import Drafter, Governor, Target
-from sim.engine.actions import Iteration, LoopResult
+from sim.core.protocols import Drafter, Engine, EngineConfig, Governor, Target
+from sim.engine.actions import LoopResult
+from sim.engine.registry import register
 
 
 @dataclass
@@ -126,14 +127,11 @@ class VllmRequest:
         """Steps 3-5 for one step of [last] + proposal (`k` the budget it was drafted under, for the record);
         returns the tokens the step emitted."""
         out, counters, target = self.out, self.counters, self.target
-        c = out.counters
         n = len(self.context)
         # 3. One forward of [last] + proposal; a trace answers only as far as it was recorded.
         known = self.answers_left() if self.answers_left is not None else None
         checked = proposal if known is None else proposal[: max(known - 1, 0)]
-        out.actions.append(len(proposal) + 1)
-        out.contexts.append(n)
-        c.rounds += 1
+        out.forward(len(proposal) + 1, n)
         counters.steps += 1
         outputs = target.verify(checked)
         accepted = 0
@@ -151,9 +149,6 @@ class VllmRequest:
         # 4. vLLM's counters see the verify before any stop rule.
         if proposal:
             counters.observe(len(proposal), accepted)
-            c.drafted_rounds += 1
-            c.proposed += len(proposal)
-            c.accepted += accepted
             if governor is not None:
                 governor.record(accepted)
         counters.sampled += kept
@@ -168,26 +163,18 @@ class VllmRequest:
             landed += 1
             if self.emitted + landed >= self.cap:
                 break
-        if proposal:
-            out.drafted_spans.append((self.emitted, landed))
+        if proposal:  # vLLM's counters saw the verify before the stop rules (step 4); the span is what landed
+            out.drafted(len(proposal), accepted, self.emitted, landed)
         self.emitted += landed
-        if out.iterations is not None:
-            out.iterations.append(
-                Iteration(
-                    action=len(proposal) + 1,
-                    actions_end=len(out.actions),
-                    width=len(proposal) + 1,
-                    budget=k,
-                    proposal_len=len(proposal),
-                    accepted=accepted,
-                    emitted=landed,
-                    paused=False,
-                    probe_made=False,
-                    probe_settled=False,
-                    shadow_confirmed=False,
-                    governor=governor.state() if governor is not None else {},
-                )
-            )
+        out.log(
+            action=len(proposal) + 1,
+            width=len(proposal) + 1,
+            budget=k,
+            proposal_len=len(proposal),
+            accepted=accepted,
+            emitted=landed,
+            governor=governor.state() if governor is not None else {},
+        )
         if eos or self.emitted >= self.cap:
             self.eos = eos
             self._finish()
@@ -216,3 +203,27 @@ def run(
         k = min(governor.budget(), request.room())
         request.verify(request.propose(k), k, governor)
     return request.out
+
+
+@register("vllm")
+class Vllm(Engine):
+    """vLLM's V1 speculative decoding, one request at a time; its configuration is the `vllm` policy (vLLM's own
+    `speculative_config` keys), which sets the loop and the drafter."""
+
+    configuration = "vllm"
+    width_key = "num_speculative_tokens"
+    # vLLM's suffix cache keeps what each reply sampled (its EOS, drafts past the cap), which the configuration
+    # changes: a stream of requests is built per configuration (benchmarks/vllm_conformance.py), not by replay.
+    streams = False
+
+    def run(
+        self,
+        target: Target,
+        governor: Governor[Any],
+        config: EngineConfig,
+        prompt: Sequence[int],
+        max_tokens: int | None,
+        drafter: Drafter,
+        keep_iterations: bool = False,
+    ) -> LoopResult:
+        return run(target, governor, config.params.max_model_len, prompt, max_tokens, drafter, keep_iterations)

@@ -232,7 +232,7 @@ def _rows(
             row["predicted_speedup"] = 1.0
             row["predicted_ms"] = predicted.plain_time_ms
         else:
-            if arm.config.engine == "vllm":  # vLLM's own per-step record against the replay's
+            if arm.config.own_keys:  # vLLM's own per-step record against the replay's
                 assert predicted.engine is not None
                 counters = [r.engine for r in faithful if r.engine is not None]
                 replayed = {k: predicted.engine[k] for k in ("per_step_drafted", "per_step_accepted")}

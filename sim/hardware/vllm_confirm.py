@@ -107,7 +107,7 @@ def confirm(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Measured and predicted rows, one per trace and arm, and each arm's engine (start time, settings)."""
     for arm in arms:
-        if arm.config is not None and arm.config.engine != "vllm":
+        if arm.config is not None and not arm.config.own_keys:
             raise ModelError(f"--engine vllm confirms vLLM configurations (policy vllm), not arm {arm.label}")
         params = arm.config.params if arm.config is not None else None
         if params is not None and params.method == "suffix" and params.suffix_decoding_max_cached_requests > 0:

@@ -16,10 +16,11 @@ from policies import policy_class
 from sim.core.errors import ConfigError
 from sim.core.io import load_yaml
 from sim.core.params import KeyLines, LoopParams, build_params, fields_of
-from sim.core.protocols import Governor, reads_costs
+from sim.core.protocols import Engine, Governor, reads_costs
 from sim.drafters.registry import KEY as DRAFTER_KEY
 from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterConfig, make_drafter, parse_drafter, shipped, split_drafter
+from sim.engine.engines import DEFAULT_ENGINE, engine_for, engine_named
 
 if TYPE_CHECKING:
     from sim.core.protocols import ForwardCosts
@@ -32,6 +33,8 @@ class PolicyConfig:
     loop: LoopParams
     # the drafter (docs/drafters.md); the default, prompt lookup, adds nothing to settings() or labels
     drafter: DrafterConfig = dataclasses.field(default_factory=lambda: make_drafter({}))
+    # the engine that replays it (docs/engines.md): the one the policy configures, else the default engine
+    engine: Engine = dataclasses.field(default_factory=lambda: engine_named(DEFAULT_ENGINE))
 
     def governor(self, costs: ForwardCosts | None = None) -> Governor[Any]:
         """A fresh governor: replays never share state. One that reads costs is bound to `costs`, which it needs."""
@@ -48,14 +51,14 @@ class PolicyConfig:
         return reads_costs(policy_class(self.policy))
 
     @property
-    def engine(self) -> str:
-        """The engine whose loop replays this configuration: mlxcel, or vllm (docs/vllm.md)."""
-        return policy_class(self.policy).engine
+    def own_keys(self) -> bool:
+        """Whether the policy is its engine's own configuration (vLLM's keys): its loop and drafter follow from it."""
+        return self.engine.configuration is not None
 
     def settings(self) -> dict[str, Any]:
-        """Every parameter, policy and loop, in one flat mapping (sorted keys). A vLLM configuration's are vLLM's
-        own keys only: its loop and drafter follow from them."""
-        if self.engine != "mlxcel":
+        """Every parameter, policy and loop, in one flat mapping (sorted keys). An engine's own configuration's are
+        its own keys only (vLLM's): its loop and drafter follow from them."""
+        if self.own_keys:
             return dict(sorted(dataclasses.asdict(self.params).items()))
         merged = {**dataclasses.asdict(self.params), **dataclasses.asdict(self.loop), **self.drafter.settings()}
         return dict(sorted(merged.items()))
@@ -66,7 +69,7 @@ class PolicyConfig:
     def label(self, base: PolicyConfig | None = None) -> str:
         """`gated` for defaults, `gated:full_at=1.75` for the settings that differ from `base` (or the defaults)."""
         reference = (base or make_config(self.policy, {})).settings()
-        if self.engine != "mlxcel":  # its drafter follows from its own keys
+        if self.own_keys:  # its drafter follows from its own keys
             return ":".join([self.policy, *(f"{k}={v}" for k, v in self.settings().items() if reference.get(k) != v)])
         if reference.get(DRAFTER_KEY) != self.drafter.name and not self.drafter.is_default:
             # Another drafter than the reference's shows its name and only the parameters it changed.
@@ -83,8 +86,9 @@ def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
     names every allowed one."""
     drafter_values, values = split_drafter(values)
     cls = policy_class(policy)
-    if cls.engine != "mlxcel":
-        return engine_config(policy, values, drafter_values)
+    engine = engine_for(cls)
+    if engine.configuration is not None:
+        return engine_config(policy, values, drafter_values, engine)
     policy_keys = fields_of(cls.Params)
     loop_keys = fields_of(LoopParams)
     unknown = sorted(set(values) - set(policy_keys) - set(loop_keys))
@@ -93,16 +97,16 @@ def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
         raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for policy {policy}; allowed: {allowed}")
     params = build_params(cls.Params, {k: v for k, v in values.items() if k in policy_keys}, policy)
     loop = build_params(LoopParams, {k: v for k, v in values.items() if k in loop_keys}, "loop")
-    return PolicyConfig(policy, params, loop, make_drafter(drafter_values))
+    return PolicyConfig(policy, params, loop, make_drafter(drafter_values), engine)
 
 
-def engine_config(policy: str, values: dict[str, Any], drafter_values: dict[str, Any]) -> PolicyConfig:
-    """Another engine's configuration (`vllm`): its own keys only; the loop and the drafter follow from them."""
+def engine_config(policy: str, values: dict[str, Any], drafter_values: dict[str, Any], engine: Engine) -> PolicyConfig:
+    """An engine's own configuration (`vllm`): its own keys only; the loop and the drafter follow from them."""
     cls = policy_class(policy)
     if drafter_values:
         raise ConfigError(f"policy {policy} chooses its drafter by its own keys (method); drop {DRAFTER_KEY} settings")
     params = build_params(cls.Params, values, policy)
-    return PolicyConfig(policy, params, params.loop(), make_drafter(params.drafter_settings()))
+    return PolicyConfig(policy, params, params.loop(), make_drafter(params.drafter_settings()), engine)
 
 
 def parse_assignments(items: list[str], where: str = "") -> dict[str, str]:
@@ -187,12 +191,13 @@ def _check_speculative(text: Any, config: PolicyConfig, where: str) -> None:
 
     from sim.core.io import load_json
 
-    if config.engine != "vllm":
+    exported = getattr(config.params, SPECULATIVE_KEY, None)  # the engine's paste-ready form, where it has one
+    if exported is None:
         raise ConfigError(f"{where}: {SPECULATIVE_KEY} belongs to policy vllm only, not {config.policy}")
     pasted = load_json(text, where, ConfigError) if isinstance(text, str) else None
-    if pasted != config.params.speculative_config():
+    if pasted != exported():
         raise ConfigError(
-            f"{where}: {SPECULATIVE_KEY} is not what params say ({json.dumps(config.params.speculative_config())}); "
+            f"{where}: {SPECULATIVE_KEY} is not what params say ({json.dumps(exported())}); "
             "edit params and drop speculative_config, or make them agree"
         )
 

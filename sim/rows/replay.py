@@ -21,10 +21,8 @@ from sim.core.protocols import Drafter, ForwardCosts, Governor
 from sim.drafters.lookup import PromptLookup
 from sim.drafters.registry import DrafterConfig, drafter_class
 from sim.drafters.stream import World
-from sim.engine import vllm
 from sim.engine.actions import Counters, LoopResult
 from sim.engine.costs import Profile
-from sim.engine.mlxcel import run
 from sim.engine.schedule import trace_schedule
 from sim.engine.timing import (
     NO_JITTER,
@@ -114,10 +112,10 @@ def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile])
             try:
                 profile.check_width(config.loop.verify_width)
             except ProfileError as err:
-                if config.engine != "vllm":
+                if config.engine.width_key == "max_draft":
                     raise
-                # a vLLM configuration's width is num_speculative_tokens + 1: name its own key
-                raise ProfileError(str(err).replace("lower max_draft", "lower num_speculative_tokens")) from None
+                # an engine's own configuration bounds the width by its own key (vLLM's num_speculative_tokens)
+                raise ProfileError(str(err).replace("lower max_draft", f"lower {config.engine.width_key}")) from None
 
 
 def require_oracle_drafter(drafter: DrafterConfig, remedy: str) -> None:
@@ -157,11 +155,7 @@ def run_trace(
     cap = effective_max_tokens(trace, max_tokens)
     if not governor.causal:  # the hindsight oracle: its schedule is computed from the whole trace first
         foresee(governor, trace, config, cap, drafter)
-    if config.engine == "vllm":
-        return vllm.run(
-            target, governor, config.params.max_model_len, trace.prompt_tokens, cap, drafter, keep_iterations
-        )
-    return run(target, governor, config.loop, trace.prompt_tokens, cap, drafter, keep_iterations=keep_iterations)
+    return config.engine.run(target, governor, config, trace.prompt_tokens, cap, drafter, keep_iterations)
 
 
 def risky_verifies(trace: Trace, spans: list[tuple[int, int]], margin: float) -> int | None:

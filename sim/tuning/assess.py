@@ -233,7 +233,8 @@ def plan(
             )
     listed = trace_arguments(spec, {r.trace.path for r in rows.base})  # the spec's globs, as a shell expands them
     # a vLLM study confirms on real vLLM engines, with the model the traces were recorded from
-    engine = f" --engine vllm --model {_model(rows)}" if spec.baseline.engine == "vllm" else ""
+    own = spec.baseline.own_keys
+    engine = f" --engine {spec.baseline.engine.name} --model {_model(rows)}" if own else ""
     lines += [
         "",
         "Command, with the profile sim.measure wrote for the machine and model you confirm on, and --reps from "

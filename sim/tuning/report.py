@@ -330,7 +330,7 @@ def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
         "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
         f"over {len(_on(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
     }
-    if facts.config.engine == "vllm":  # what to paste into `vllm serve --speculative-config`
+    if facts.config.own_keys:  # what to paste into `vllm serve --speculative-config`
         out["speculative_config"] = speculative_json(facts.config)
     return out
 
@@ -409,7 +409,7 @@ def _best_sections(inputs: ReportInputs, facts: Findings) -> list[str]:
     space = {d.name: d.describe() for d in spec.search_space}
     for key, value in facts.config.settings().items():
         lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {space.get(key, 'fixed')} |")
-    if facts.config.engine == "vllm":
+    if facts.config.own_keys:  # the engine's own flags, as its server takes them
         args = "".join(f" --{k.replace('_', '-')} {v}" for k, v in facts.config.params.engine_args().items())
         lines += [
             "",

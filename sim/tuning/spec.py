@@ -33,6 +33,7 @@ from sim.drafters.registry import KEY as DRAFTER_KEY
 from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterFamily, drafter_class
 from sim.engine.costs import bundled_profiles
+from sim.engine.engines import DEFAULT_ENGINE, engine_for, engine_named, engine_names
 from sim.rows.config import PolicyConfig, make_config
 from sim.tuning.storage_url import check_form, storage_file
 
@@ -45,7 +46,6 @@ OBJECTIVES = {
     "jitter_geomean": "the geomean under robust.jitter lognormal noise on every time, averaged over robust.seeds",
 }
 VALIDATION_BY = ("trace", "group", "profile")
-ENGINES = ("mlxcel", "vllm")
 VALIDATION_METHODS = ("leave_one_out", "kfold")
 DEFAULT_GROUP = "all"  # the one group of a spec whose traces: is a plain list of globs
 CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
@@ -336,13 +336,16 @@ def _dimension(r: _Reader, name: str, raw: Any, owners: dict[str, type]) -> Dime
 
 def _engine(r: _Reader, raw: dict[str, Any]) -> dict[str, Any]:
     """`engine: vllm` makes the policy vllm (it may be left out); its method chooses the drafter."""
-    engine = raw.get("engine", "mlxcel")
-    if engine not in ENGINES:
-        raise r.fail(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}", "engine")
-    if engine == "vllm":
-        raw = {"policy": "vllm", **raw}
-        if raw["policy"] != "vllm" or "drafter" in raw:
-            raise r.fail("engine: vllm tunes vLLM's own keys (policy vllm; its method chooses the drafter)", "engine")
+    name = raw.get("engine", DEFAULT_ENGINE)
+    if name not in engine_names():
+        raise r.fail(f"engine must be one of {', '.join(engine_names())}, got {name!r}", "engine")
+    policy = engine_named(name).configuration
+    if policy is not None:  # an engine configured by its own keys: its policy is that configuration
+        raw = {"policy": policy, **raw}
+        if raw["policy"] != policy or "drafter" in raw:
+            raise r.fail(
+                f"engine: {name} tunes vLLM's own keys (policy {policy}; its method chooses the drafter)", "engine"
+            )
     return raw
 
 
@@ -579,7 +582,7 @@ def replay_spec(r: _Reader, raw: dict[str, Any], path: str, text: str, data: byt
     name = _name(r, raw["name"])
     cls = _policy(r, raw["policy"])
     owners = {k: cls.Params for k in fields_of(cls.Params)}
-    if cls.engine == "mlxcel":
+    if engine_for(cls).configuration is None:  # a governor: the loop's parameters are searched beside its own
         owners.update({k: LoopParams for k in fields_of(LoopParams)})
     drafter = _drafter(r, raw.get("drafter"))
     if drafter is not None:
@@ -606,9 +609,10 @@ def replay_spec(r: _Reader, raw: dict[str, Any], path: str, text: str, data: byt
         baseline = make_config(str(baseline_raw.get("policy", cls.name)), baseline_raw.get("params") or {})
     except ConfigError as err:
         raise r.fail(f"baseline: {err}", "baseline") from None
-    if baseline.engine != cls.engine:
+    if baseline.engine != engine_for(cls):
         raise r.fail(
-            f"baseline: policy {baseline.policy} runs on {baseline.engine}'s loop, the study on {cls.engine}'s; "
+            f"baseline: policy {baseline.policy} runs on {baseline.engine.name}'s loop, the study on "
+            f"{engine_for(cls).name}'s; "
             f"compare against a {cls.name} configuration",
             "baseline",
         )
