@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sim.core.params import LoopParams, param
 from sim.core.protocols import NO_DRAFT, OUTPUT, PROMPT, Draft
 from sim.drafters.hostcost import check_host_cost
-from sim.drafters.registry import register
+from sim.drafters.registry import Family, register
 
 if TYPE_CHECKING:
     from sim.drafters.stream import World
@@ -133,17 +133,16 @@ class LookupParams:
 
 
 @register("lookup")
-class Lookup:
-    name: ClassVar[str]  # set by register
+class Lookup(Family):
+    """mlxcel's prompt lookup; its n-gram bounds are the loop's, and `drafter` the index class (vLLM's n-gram
+    proposer is this family with another index)."""
+
     Params = LookupParams
-    cross_request = False
+    drafter = PromptLookup
 
     @classmethod
-    def for_request(
+    def make(
         cls, params: Any, loop: LoopParams, tokens: Sequence[int], prompt_length: int, world: World | None
     ) -> PromptLookup:
-        return PromptLookup(loop.ngram_min, loop.ngram_max, tokens, prompt_length=prompt_length)
-
-    @classmethod
-    def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> PromptLookup:
-        return PromptLookup(loop.ngram_min, loop.ngram_max, prompt, prompt_length=len(prompt))
+        index: PromptLookup = cls.drafter(loop.ngram_min, loop.ngram_max, tokens, prompt_length=prompt_length)
+        return index

@@ -13,14 +13,8 @@ first start per n-gram instead of the latest.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from sim.drafters.lookup import LookupParams, PromptLookup
+from sim.drafters.lookup import Lookup, PromptLookup
 from sim.drafters.registry import register
-
-if TYPE_CHECKING:
-    from sim.core.params import LoopParams
-    from sim.drafters.stream import World
 
 
 def scan(context: Sequence[int], ngram_max: int, ngram_min: int, max_draft: int) -> list[int]:
@@ -41,17 +35,7 @@ class VllmNgramIndex(PromptLookup):
 
 
 @register("ngram")
-class Ngram:
-    name: ClassVar[str]  # set by register
-    Params = LookupParams
-    cross_request = False
+class Ngram(Lookup):
+    """vLLM's n-gram proposer: prompt lookup's family with vLLM's index (the earliest match)."""
 
-    @classmethod
-    def for_request(
-        cls, params: Any, loop: LoopParams, tokens: Sequence[int], prompt_length: int, world: World | None
-    ) -> VllmNgramIndex:
-        return VllmNgramIndex(loop.ngram_min, loop.ngram_max, tokens, prompt_length=prompt_length)
-
-    @classmethod
-    def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> VllmNgramIndex:
-        return VllmNgramIndex(loop.ngram_min, loop.ngram_max, prompt, prompt_length=len(prompt))
+    drafter = VllmNgramIndex

@@ -43,6 +43,33 @@ class DrafterFamily(Protocol):
     def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> Drafter: ...
 
 
+class Family:
+    """What most families share: one drafter class built alike over a recorded context (`for_request`) and over a
+    live prompt that grows as the decode emits (`live`); `make` builds it, by default `drafter(params, tokens,
+    prompt_length, world)`."""
+
+    name: ClassVar[str]  # set by register
+    Params: ClassVar[type]
+    cross_request: ClassVar[bool] = False
+    drafter: ClassVar[Any]
+
+    @classmethod
+    def make(cls, params: Any, loop: LoopParams, tokens: Sequence[int], prompt_length: int, world: World | None) -> Any:
+        return cls.drafter(params, tokens, prompt_length, world)
+
+    @classmethod
+    def for_request(
+        cls, params: Any, loop: LoopParams, tokens: Sequence[int], prompt_length: int, world: World | None
+    ) -> Drafter:
+        drafter: Drafter = cls.make(params, loop, tokens, prompt_length, world)
+        return drafter
+
+    @classmethod
+    def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> Drafter:
+        drafter: Drafter = cls.make(params, loop, prompt, len(prompt), world)
+        return drafter
+
+
 # Held as Any: a family is checked against DrafterFamily where it is asked for (drafter_class), since a class object
 # only matches the protocol's classmethods structurally.
 REGISTRY: Registry[Any] = Registry("drafter")

@@ -21,12 +21,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from sim.core.params import MAX_SPAN, check_range, param
 from sim.core.protocols import GLOBAL, NO_DRAFT, OUTPUT, PROMPT, Draft
 from sim.drafters.hostcost import check_host_cost
-from sim.drafters.registry import register
+from sim.drafters.registry import Family, register
 from sim.drafters.trie import Node, SuffixTrie, count, latest
 
 if TYPE_CHECKING:
@@ -226,10 +226,10 @@ def request_tree(tokens: Sequence[int], depth: int) -> SuffixTrie:
 
 
 @register("suffix")
-class Suffix:
-    name: ClassVar[str]  # set by register
+class Suffix(Family):
     Params = SuffixParams
     cross_request = True
+    drafter = SuffixDrafter  # `live`: a tree of its own, extended with every token the decode emits
 
     @classmethod
     def for_request(
@@ -237,8 +237,3 @@ class Suffix:
     ) -> SuffixDrafter:
         """A drafter over a whole recorded context (replay): its tree is shared with other parameters'."""
         return SuffixDrafter(params, tokens, prompt_length, world, request_tree(tokens, params.max_tree_depth))
-
-    @classmethod
-    def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> SuffixDrafter:
-        """A drafter with a tree of its own, extended with every token the decode emits."""
-        return SuffixDrafter(params, prompt, len(prompt), world)

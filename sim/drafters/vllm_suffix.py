@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING
 
 from sim.core.errors import ConfigError
 from sim.core.params import MAX_SPAN
 from sim.core.protocols import GLOBAL, NO_DRAFT, OUTPUT, Draft
-from sim.drafters.registry import register
+from sim.drafters.registry import Family, register
 from sim.drafters.suffix import SuffixParams
 
 if TYPE_CHECKING:
-    from sim.core.params import LoopParams
     from sim.drafters.stream import World
 
 
@@ -204,17 +203,7 @@ class VllmSuffixDrafter:
 
 
 @register("vllm_suffix")
-class VllmSuffix:
-    name: ClassVar[str]  # set by register
+class VllmSuffix(Family):
     Params = SuffixParams
     cross_request = True
-
-    @classmethod
-    def for_request(
-        cls, params: Any, loop: LoopParams, tokens: Sequence[int], prompt_length: int, world: World | None
-    ) -> VllmSuffixDrafter:
-        return VllmSuffixDrafter(params, tokens, prompt_length, world)
-
-    @classmethod
-    def live(cls, params: Any, loop: LoopParams, prompt: Sequence[int], world: World | None) -> VllmSuffixDrafter:
-        return VllmSuffixDrafter(params, prompt, len(prompt), world)
+    drafter = VllmSuffixDrafter
