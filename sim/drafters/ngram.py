@@ -13,6 +13,7 @@ first start per n-gram instead of the latest.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 from sim.drafters.lookup import Lookup, PromptLookup
 from sim.drafters.registry import register
 
