@@ -74,13 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "traces", nargs="+", metavar="TRACE", help="trace files (JSON Lines, format v1; see docs/trace-format.md)"
     )
-    parser.add_argument(
-        "--engine",
-        choices=engine_names(),
-        default=DEFAULT_ENGINE,
-        help="whose decode loop replays the traces: mlxcel (the default; governors) or vllm (vLLM's V1 speculative "
-        "decoding, one request at a time, configured by --speculative-config; docs/vllm.md)",
-    )
+    _add_configuration(parser)
+    _add_run_options(parser)
+    _add_outputs(parser)
+    return parser
+
+
+def _engine_help() -> str:
+    """--engine's help: every registered engine and what it replays."""
+    described = [f"{name} ({engine_named(name).summary})" for name in engine_names()]
+    return "whose decode loop replays the traces: " + ", ".join(described[:-1]) + " or " + described[-1]
+
+
+def _add_configuration(parser: argparse.ArgumentParser) -> None:
+    """The engine, the policies and their settings, the profiles."""
+    parser.add_argument("--engine", choices=engine_names(), default=DEFAULT_ENGINE, help=_engine_help())
     parser.add_argument(
         "--speculative-config",
         metavar="JSON|FILE",
@@ -133,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="drafter for every policy: lookup (mlxcel's prompt lookup, the default) or suffix (SuffixDecoding), "
         "e.g. suffix:min_token_prob=0.2; see docs/drafters.md",
     )
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How the traces are run: as a stream, shortened, with noise, and the parity-risk margin."""
     parser.add_argument(
         "--as-stream",
         action="store_true",
@@ -168,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"below this (0..{MAX_RISK_MARGIN:g}; traces with margins only, a note says when none has them; "
         f"default {DEFAULT_RISK_MARGIN})",
     )
+
+
+def _add_outputs(parser: argparse.ArgumentParser) -> None:
+    """What is printed and written beside the table."""
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object per trace, policy and profile (sorted keys)"
     )
@@ -190,7 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
         "row's loop parameters: --json rows carry oracle_time_ms, tables add each policy's share of the oracle's "
         "headroom and its time regret (as they do when --compare lists oracle)",
     )
-    return parser
 
 
 def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[PolicyConfig, str]]:

@@ -184,6 +184,7 @@ class Engine:
     instance serves every run, and two instances of a class are equal."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what it replays and how it is configured, for --engine's help
     # The policy that is this engine's own configuration (an EngineSettings), or None: it replays governors.
     configuration: ClassVar[str | None] = None
     # The setting that bounds a verify's width, as errors name it.

