@@ -16,7 +16,7 @@ from sim.engine.trace import Trace
 
 # Makes one request's stepper: (target, max_model_len, prompt, max_tokens, drafter, num_spec_tokens) -> stepper
 # (vLLM's: sim.engine.vllm.VllmRequest).
-RequestFactory = Callable[[Target, int, Sequence[int], "int | None", Drafter, int], Any]
+RequestFactory = Callable[[Target, int, Sequence[int], int | None, Drafter, int], Any]
 
 
 @dataclass(slots=True)
