@@ -55,8 +55,8 @@ STAGES = (  # (stage, path fragment of the code it owns), first match wins
     ("drafting (n-gram index)", "sim/drafters/"),
     ("verify (per-request vLLM step)", "sim/engine/vllm.py"),
     ("verify (trace answers)", "sim/engine/trace.py"),
-    ("scheduling and bookkeeping", "sim/engine/serving.py"),
-    ("step pricing (cost profile)", "sim/engine/serving_costs.py"),
+    ("scheduling and bookkeeping", "sim/engine/serving/"),
+    ("step pricing (cost profile)", "sim/engine/serving_costs/"),
     ("speculation policy", "policies/"),
     ("metrics (rows)", "sim/rows/"),
 )

@@ -3,7 +3,7 @@
 
 A governor of mlxcel's loop decides for one request decoding alone; a serving engine decides for a batch. Each
 policy here is a small class in its own registry (`--compare NAME:KEY=VALUE,...` in `sim.serve`), with a frozen
-`Params` dataclass. After every step the serving model (sim/engine/serving.py) asks `plan(batch, scheduled)` once:
+`Params` dataclass. After every step the serving model (sim/engine/serving/) asks `plan(batch, scheduled)` once:
 `batch` lists the requests that draft for the next step (those that sampled a token in the step just run), each
 with what its drafter could propose at most (`available`, the drafter's answer computed once, as a real engine
 would); `scheduled` is how many requests that step ran, the batch size vLLM's Dynamic SD looks K up by. The policy

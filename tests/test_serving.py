@@ -1,4 +1,4 @@
-"""The serving model (sim/engine/serving.py): exact where theory fixes the answer, vLLM's scheduling rules, the
+"""The serving model (sim/engine/serving/): exact where theory fixes the answer, vLLM's scheduling rules, the
 speculation policies, and `python -m sim.serve`."""
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from sim.core.errors import ConfigError, TraceError
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.costs import load_profile
 from sim.engine.serving import Arrival, Engine, ProfileCosts, ReplayCosts, SchedulerParams, recurrence, simulate
+from sim.engine.serving.scheduler import SCHEDULERS
+from sim.engine.serving.vllm_v1 import VllmV1Scheduler
 from sim.engine.serving_costs import ServingProfile, read_serving_profile
+from sim.engine.vllm import VllmRequest
 from sim.rows.config import make_config
 from sim.rows.replay import Request, play, request_drafter
 from sim.rows.serving import Slo, Variant, run_serving
@@ -153,6 +156,26 @@ def test_the_scheduler_keeps_max_num_seqs_chunks_long_prompts_and_the_kv_cache_w
     long_prompt = next(r for r in result.requests if len(r.trace.prompt_tokens) > 64)
     # its prompt took more than one step: its first token came after a later step than its arrival's first
     assert sum(1 for s in result.steps if long_prompt.arrival_ms <= s.start_ms < long_prompt.first_ms) >= 2
+
+
+def test_vllm_v1_is_a_registered_scheduler_that_makes_its_requests_by_the_factory_it_is_given(traces):
+    assert SCHEDULERS.get_class("vllm-v1") is VllmV1Scheduler
+    made = []
+
+    def factory(*args):
+        made.append(VllmRequest(*args))
+        return made[-1]
+
+    config = make_config("vllm", dataclasses.asdict(DRAFTER))
+    policy = make_speculation("static", {"k": 2})
+    policy.bind(ProfileCosts(CPU_LIKE), lambda rid: 0)
+    scheduler = VllmV1Scheduler(
+        SchedulerParams(), policy, lambda t: request_drafter(t, config), None, request_factory=factory
+    )
+    added = [scheduler.add_request(rid, 0.0, trace) for rid, trace in enumerate(traces[:3])]
+    assert [live.request for live in added] == made and list(scheduler.waiting) == added
+    step = scheduler.schedule()
+    assert step is not None and [e.live for e in step.entries] == added and all(e.prefill for e in step.entries)
 
 
 def test_same_seed_same_bytes_and_another_seed_other_arrivals(capsys):

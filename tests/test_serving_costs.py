@@ -1,4 +1,4 @@
-"""Serving cost profiles (sim/engine/serving_costs.py, docs/serving-profiles.md): the format round-trips to the last
+"""Serving cost profiles (sim/engine/serving_costs/, docs/serving-profiles.md): the format round-trips to the last
 bit, every invalid file is a ProfileError naming the file, line and what was expected, the step cost follows its
 formula, a fit recovers a known profile, the roofline is exact at its knee, and the bundled roofline profiles are
 what their generator makes and stand within a stated factor of the measured GB10 steps at batch 1."""

@@ -27,6 +27,7 @@ from typing import Any
 from sim.core.errors import ProfileError
 from sim.core.io import load_yaml
 from sim.core.params import KeyLines
+from sim.engine.profile_checks import Invalid, Milliseconds, finite, whole
 from sim.engine.trace import one_line
 
 BUNDLED = Path(__file__).resolve().parents[2] / "traces" / "profiles"
@@ -55,18 +56,6 @@ MAX_CONTEXT = 1 << 24  # context lengths a v2 grid may name; no model reads 16M 
 MAX_CONTEXTS = 64  # grid points one v2 profile may list
 
 
-class _Invalid(ProfileError):
-    """A profile value out of bounds, with the key it is under, so a file's error can name that key's line."""
-
-    def __init__(self, message: str, *key: str):
-        super().__init__(message)
-        self.key = key
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 @dataclass(frozen=True)
 class CostProfile:
     name: str
@@ -84,33 +73,31 @@ class CostProfile:
 
     def __post_init__(self) -> None:
         if not self.sync_ms:
-            raise _Invalid("sync_ms needs at least width 1", "sync_ms")
+            raise Invalid("sync_ms needs at least width 1", "sync_ms")
         if len(self.sync_ms) > MAX_WIDTHS:
-            raise _Invalid(
-                f"sync_ms lists {len(self.sync_ms)} widths; a profile prices at most {MAX_WIDTHS}", "sync_ms"
-            )
+            raise Invalid(f"sync_ms lists {len(self.sync_ms)} widths; a profile prices at most {MAX_WIDTHS}", "sync_ms")
         costs: list[tuple[str, float, tuple[str, ...]]] = [("pipelined_ms", self.pipelined_ms, ("pipelined_ms",))]
         costs += [(f"sync_ms[{i}] (width {i + 1})", s, ("sync_ms", str(i))) for i, s in enumerate(self.sync_ms)]
         for what, value, key in costs:
-            if not _finite(value) or not MIN_MS <= value <= MAX_MS:
-                raise _Invalid(f"{what} must be positive, between {MIN_MS:g} and {MAX_MS:g} ms, got {value!r}", *key)
+            if not finite(value) or not MIN_MS <= value <= MAX_MS:
+                raise Invalid(f"{what} must be positive, between {MIN_MS:g} and {MAX_MS:g} ms, got {value!r}", *key)
         prefill: tuple[tuple[str, float, tuple[str, ...]], ...] = (
             ("prefill.fixed_ms", self.prefill_fixed_ms, ("prefill", "fixed_ms")),
             ("prefill.per_prompt_token_ms", self.prefill_per_token_ms, ("prefill", "per_prompt_token_ms")),
             ("prefill.per_prompt_token2_ms", self.prefill_per_token2_ms, ("prefill", "per_prompt_token2_ms")),
         )
         for what, value, key in prefill:
-            if not _finite(value) or not 0.0 <= value <= MAX_MS:
-                raise _Invalid(f"{what} must be between 0 and {MAX_MS:g} ms, got {value!r}", *key)
+            if not finite(value) or not 0.0 <= value <= MAX_MS:
+                raise Invalid(f"{what} must be between 0 and {MAX_MS:g} ms, got {value!r}", *key)
         if self.host_gap < 0:
-            raise _Invalid(
+            raise Invalid(
                 f"S(1)={self.sync_ms[0]} ms is below P={self.pipelined_ms} ms: the host gap S(1)-P would be negative",
                 "sync_ms",
                 "0",
             )
         for w in range(1, self.max_width + 1):
             if self.sync_ms[w - 1] - self.host_gap <= 0:
-                raise _Invalid("every device time d(w) = S(w) - (S(1) - P) must be positive", "sync_ms", str(w - 1))
+                raise Invalid("every device time d(w) = S(w) - (S(1) - P) must be positive", "sync_ms", str(w - 1))
         object.__setattr__(self, "_device", tuple(s - self.host_gap for s in self.sync_ms))  # frozen: set once
         object.__setattr__(self, "_gap", self.host_gap)
 
@@ -197,12 +184,12 @@ class ContextProfile:
 
     def __post_init__(self) -> None:
         if not self.contexts or len(self.contexts) != len(self.points):
-            raise _Invalid("contexts needs one entry per grid point", "contexts")
+            raise Invalid("contexts needs one entry per grid point", "contexts")
         if any(not 1 <= n <= MAX_CONTEXT for n in self.contexts) or list(self.contexts) != sorted(set(self.contexts)):
-            raise _Invalid(f"contexts must be increasing whole numbers in 1..{MAX_CONTEXT}", "contexts")
+            raise Invalid(f"contexts must be increasing whole numbers in 1..{MAX_CONTEXT}", "contexts")
         widths = {p.max_width for p in self.points}
         if len(widths) != 1:
-            raise _Invalid("sync_ms must list the same widths 1..W at every context", "sync_ms")
+            raise Invalid("sync_ms must list the same widths 1..W at every context", "sync_ms")
 
     @property
     def max_width(self) -> int:
@@ -283,11 +270,7 @@ def load_profile(name_or_path: str) -> Profile:
     )
 
 
-def _number(value: Any, at: KeyLines, what: str, *key: str) -> float:
-    # YAML's .nan and .inf are floats, but would slip past every comparison below.
-    if not _finite(value):
-        raise ProfileError(f"{at.where(*key)}: {what} must be a number of milliseconds, got {value!r}")
-    return float(value)
+_number = Milliseconds("a number of milliseconds")
 
 
 def profile_from_dict(
@@ -350,7 +333,7 @@ def profile_from_dict(
             meta=meta,
             sha256=sha256,
         )
-    except _Invalid as err:
+    except Invalid as err:
         raise ProfileError(f"{at.where(*err.key)}: {err}") from None
 
 
@@ -364,7 +347,7 @@ def _widths(raw: Any, at: KeyLines, *key: str) -> tuple[float, ...]:
 
 def _contexts(raw: Any, at: KeyLines) -> tuple[int, ...]:
     ok = isinstance(raw, list) and 1 <= len(raw) <= MAX_CONTEXTS
-    ok = ok and all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CONTEXT for n in raw)
+    ok = ok and all(whole(n) and 1 <= n <= MAX_CONTEXT for n in raw)
     if not ok or raw != sorted(set(raw)):
         raise ProfileError(
             f"{at.where('contexts')}: contexts must be a list of 1..{MAX_CONTEXTS} increasing context lengths "
@@ -389,6 +372,6 @@ def _grid(
         s_ms = _widths(sync[i], at, "sync_ms", str(i))
         try:
             points.append(CostProfile(name=name, pipelined_ms=p_ms, sync_ms=s_ms, extend=extend))
-        except _Invalid as err:
-            raise _Invalid(f"at context {n}: {err}", *(err.key[:1] + (str(i),) + err.key[1:])) from None
+        except Invalid as err:
+            raise Invalid(f"at context {n}: {err}", *(err.key[:1] + (str(i),) + err.key[1:])) from None
     return tuple(points)

@@ -1,0 +1,117 @@
+"""The serving engine: a registered scheduler (scheduler.py) behind one clock. `arrive` admits a request,
+`schedule` forms a step, the step's costs price it, and `complete` applies it through the scheduler's
+`update_from_output`, then times it and measures it (metrics.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sim.core.protocols import Drafter, SpeculationPolicy
+from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
+from sim.engine.serving.pricing import StepCosts
+from sim.engine.serving.requests import Arrival, Live, SchedulerOutput
+from sim.engine.serving.scheduler import SCHEDULERS, Scheduler
+from sim.engine.trace import Trace
+
+
+class Engine:
+    """One run's engine: the scheduler named `kind` with its settings `scheduler`, the speculation policy, the step
+    costs and the metrics."""
+
+    def __init__(
+        self,
+        policy: SpeculationPolicy,
+        costs: StepCosts,
+        scheduler: Any,
+        drafter: Callable[[Trace], Drafter],
+        keep_steps: bool = False,
+        max_tokens: int | None = None,
+        kind: str = "vllm-v1",
+    ) -> None:
+        self.policy = policy
+        self.costs = costs
+        self.params = scheduler
+        self.meter = Meter(keep_steps)
+        self._by_id: dict[int, Live] = {}
+        policy.bind(costs, lambda rid: self._by_id[rid].computed)
+        self.scheduler: Scheduler = SCHEDULERS.get_class(kind)(scheduler, policy, drafter, max_tokens)
+
+    @property
+    def result(self) -> ServingResult:
+        return self.meter.result
+
+    @property
+    def running(self) -> list[Live]:
+        return self.scheduler.running
+
+    @property
+    def free_blocks(self) -> int:
+        return self.scheduler.free_blocks
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle
+
+    def arrive(self, arrival: Arrival, now_ms: float) -> None:
+        """Admit an arrival to the waiting queue at `now_ms` (a step boundary); it counts as in the system from its
+        own arrival time, which may lie inside the step that just ran."""
+        live = self.scheduler.add_request(len(self.meter.result.requests), arrival.time_s * 1000.0, arrival.trace)
+        self.meter.arrive(live, now_ms)
+        self._by_id[live.rid] = live
+
+    def schedule(self) -> SchedulerOutput | None:
+        """The next step's schedule; None when nothing can run."""
+        return self.scheduler.schedule()
+
+    def complete(self, step: SchedulerOutput, start_ms: float, device_ms: float, host_ms: float) -> float:
+        """Apply a step that ran from `start_ms`: verify, draft for the next step, then time it (device, host, and
+        the host's drafting for the requests given K > 0: vLLM drafts inside the step, before its tokens go out);
+        returns its end, when its tokens land."""
+        meter, scheduler = self.meter, self.scheduler
+        waiting, running_before = scheduler.waiting_count, len(scheduler.running)
+        outcome = scheduler.update_from_output(step)
+        meter.handed_out(outcome.ks)
+        drafting = outcome.drafting
+        end = start_ms + device_ms
+        end = end + host_ms
+        draft_ms = self.costs.draft_ms(drafting) if drafting else 0.0
+        if drafting:
+            end = end + draft_ms
+        meter.account(end)  # everyone here now was in the system for the whole step
+        for e in step.entries:
+            live = e.live
+            live.busy_ms = live.busy_ms + device_ms
+            live.busy_ms = live.busy_ms + host_ms
+            if drafting:
+                live.busy_ms = live.busy_ms + draft_ms
+        for live, streamed in outcome.landed:
+            if streamed:
+                if not live.emits:
+                    live.first_ms = end
+                live.emits.append((end, streamed))
+        for live in outcome.finished:
+            live.finish_ms = end
+            scheduler.finish_request(live)
+            meter.leave()
+            del self._by_id[live.rid]
+        meter.step(start_ms, end, len(step.entries))
+        if meter.result.steps is not None:
+            meter.result.steps.append(
+                StepRecord(
+                    start_ms=start_ms,
+                    end_ms=end,
+                    sequences=len(step.entries),
+                    tokens=sum(e.tokens for e in step.entries),
+                    prefill_tokens=outcome.prefill_tokens,
+                    drafts=outcome.drafts,
+                    accepted=outcome.accepted,
+                    waiting=waiting,
+                    running=running_before,
+                )
+            )
+        return end
+
+    def ended(self) -> ServingResult:
+        """The run's result, once every request has finished."""
+        return self.meter.ended(self.scheduler.preemptions)

@@ -1,0 +1,87 @@
+"""What a serving run measures as it goes: every step's record when asked for, and the time integrals the rows
+turn into means and percentiles (requests in the system, batch size, busy time, K handed out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sim.engine.serving.requests import Live
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step was: when it ran, its batch and tokens, its drafts, and the queue behind it."""
+
+    start_ms: float
+    end_ms: float
+    sequences: int
+    tokens: int
+    prefill_tokens: int
+    drafts: int  # draft tokens verified
+    accepted: int
+    waiting: int  # requests still waiting when it started
+    running: int  # requests running when it started (scheduled or not)
+
+
+@dataclass
+class ServingResult:
+    """A whole run: every request (in arrival order), every step when asked for, and the queue's time integral."""
+
+    requests: list[Live]
+    steps: list[StepRecord] | None
+    end_ms: float = 0.0
+    preemptions: int = 0
+    in_system_ms: float = 0.0  # integral over time of the requests arrived and not finished (Little's L * T)
+    batch_ms: float = 0.0  # integral over time of the running batch (steps' sequences)
+    busy_ms: float = 0.0  # time the engine spent in steps
+    k_counts: dict[int, int] = field(default_factory=dict)  # K handed out per drafting request-step
+    batch_ms_by_size: dict[int, float] = field(default_factory=dict)  # time spent in steps of each batch size
+    step_count: int = 0
+
+
+class Meter:
+    """Keeps a `ServingResult`'s integrals up to date, step by step."""
+
+    def __init__(self, keep_steps: bool) -> None:
+        self.result = ServingResult(requests=[], steps=[] if keep_steps else None)
+        self.in_system = 0
+        self.clock_ms = 0.0  # when the queue's integral was last brought up to date
+
+    def account(self, now_ms: float) -> None:
+        """Bring the in-system integral up to `now_ms`."""
+        if now_ms > self.clock_ms:
+            self.result.in_system_ms += self.in_system * (now_ms - self.clock_ms)
+            self.clock_ms = now_ms
+
+    def arrive(self, live: Live, now_ms: float) -> None:
+        """`live` joins at `now_ms` (a step boundary) and counts as in the system from its own arrival time, which
+        may lie inside the step that just ran."""
+        self.account(now_ms)
+        self.result.in_system_ms += self.clock_ms - live.arrival_ms
+        self.result.requests.append(live)
+        self.in_system += 1
+
+    def leave(self) -> None:
+        self.in_system -= 1
+
+    def handed_out(self, ks: Sequence[int]) -> None:
+        counts = self.result.k_counts
+        for k in ks:
+            counts[k] = counts.get(k, 0) + 1
+
+    def step(self, start_ms: float, end: float, sequences: int) -> None:
+        """A step of `sequences` requests ran from `start_ms` to `end`: its time, in all and by batch size."""
+        result = self.result
+        result.busy_ms += end - start_ms
+        result.batch_ms += sequences * (end - start_ms)
+        by_size = result.batch_ms_by_size
+        by_size[sequences] = by_size.get(sequences, 0.0) + (end - start_ms)
+        result.step_count += 1
+
+    def ended(self, preemptions: int) -> ServingResult:
+        """The run's result: it ends when its last request finished."""
+        result = self.result
+        result.preemptions = preemptions
+        result.end_ms = max((live.finish_ms for live in result.requests), default=0.0)
+        return result
