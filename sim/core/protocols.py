@@ -191,6 +191,10 @@ class Engine:
     width_key: ClassVar[str] = "max_draft"
     # Whether traces may be replayed as one stream of requests (a drafter cache that the configuration cannot change).
     streams: ClassVar[bool] = True
+    # Serving (sim/engine/serving/): the registered scheduler that batches its requests and the per-request stepper
+    # the scheduler steps each one with (prefill, propose, verify: the same code as its replay); None: no serving.
+    scheduler: ClassVar[str | None] = None
+    request: ClassVar[Any] = None
 
     def accepts(self, cls: type[Governor[Any]]) -> bool:
         """Whether this engine replays policy class `cls`."""

@@ -12,6 +12,8 @@ from sim.engine.registry import REGISTRY
 
 # The engine a policy runs on when nothing names one: mlxcel's loop replays every governor.
 DEFAULT_ENGINE = "mlxcel"
+# The engine sim.serve models under load (its scheduler batches the requests; docs/serving.md).
+SERVING_ENGINE = "vllm"
 
 
 def engine_names() -> list[str]:

@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sim.core.errors import ConfigError
 from sim.core.protocols import Drafter, SpeculationPolicy
+from sim.core.protocols import Engine as ReplayEngine
+from sim.engine.engines import SERVING_ENGINE, engine_named
 from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
 from sim.engine.serving.pricing import StepCosts
 from sim.engine.serving.requests import Arrival, Live, SchedulerOutput
@@ -16,8 +19,8 @@ from sim.engine.trace import Trace
 
 
 class Engine:
-    """One run's engine: the scheduler named `kind` with its settings `scheduler`, the speculation policy, the step
-    costs and the metrics."""
+    """One run's engine: the serving scheduler of `engine` (the registered engine: by default the one sim.serve
+    models) with its settings `scheduler`, the speculation policy, the step costs and the metrics."""
 
     def __init__(
         self,
@@ -27,7 +30,7 @@ class Engine:
         drafter: Callable[[Trace], Drafter],
         keep_steps: bool = False,
         max_tokens: int | None = None,
-        kind: str = "vllm-v1",
+        engine: ReplayEngine | None = None,
     ) -> None:
         self.policy = policy
         self.costs = costs
@@ -35,7 +38,13 @@ class Engine:
         self.meter = Meter(keep_steps)
         self._by_id: dict[int, Live] = {}
         policy.bind(costs, lambda rid: self._by_id[rid].computed)
-        self.scheduler: Scheduler = SCHEDULERS.get_class(kind)(scheduler, policy, drafter, max_tokens)
+        served = engine if engine is not None else engine_named(SERVING_ENGINE)
+        if served.scheduler is None:
+            raise ConfigError(f"engine {served.name} has no serving scheduler")
+        # The engine's own per-request stepper: a request steps by the same code batched as replayed alone.
+        self.scheduler: Scheduler = SCHEDULERS.get_class(served.scheduler)(
+            scheduler, policy, drafter, max_tokens, request_factory=served.request
+        )
 
     @property
     def result(self) -> ServingResult:

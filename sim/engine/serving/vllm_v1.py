@@ -2,7 +2,7 @@
 policy (docs/serving.md).
 
 Each request is a recorded trace: its prompt and reply decide acceptance exactly, as in replay, and every request
-steps by vLLM's own per-request rules (the request factory's stepper, by default `sim.engine.vllm.VllmRequest`:
+steps by vLLM's own per-request rules (the request factory's stepper, the vllm engine's `sim.engine.vllm.VllmRequest`:
 draft, verify `[last] + drafts`, keep the accepted prefix plus one token, count as vLLM counts, stop at EOS and the
 cap). One engine step, in order:
 
@@ -37,7 +37,6 @@ from sim.engine.serving.blocks import BlockPool
 from sim.engine.serving.requests import Entry, Live, SchedulerOutput
 from sim.engine.serving.scheduler import SCHEDULERS, RequestFactory, StepOutcome
 from sim.engine.trace import Trace, TraceTarget
-from sim.engine.vllm import VllmRequest
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,16 @@ class VllmV1Scheduler:
     """vLLM V1's waiting and running queues over a KV block pool: `schedule` forms a step, `update_from_output`
     verifies it and drafts for the next."""
 
+    Params = SchedulerParams  # its settings (vLLM's engine arguments), as a serving study's `scheduler:` gives them
+
     def __init__(
         self,
         params: SchedulerParams,
         policy: SpeculationPolicy,
         drafter: Callable[[Trace], Drafter],
         max_tokens: int | None = None,
-        request_factory: RequestFactory = VllmRequest,
+        *,
+        request_factory: RequestFactory,
     ) -> None:
         self.params = params
         self.policy = policy
