@@ -7,7 +7,9 @@ Imported by the scripts beside it as `_harness` (a script's folder is first on s
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import math
 import os
 import re
@@ -25,6 +27,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sim.core.io import write_atomic  # noqa: E402
 from sim.hardware.options import progress as _progress  # noqa: E402  (torch-free: bars on stderr, TQDM_DISABLE)
 
 # ------------------------------------------------------------------------------------------------ what ran, and output
@@ -86,6 +89,33 @@ def wrote(*paths: str | os.PathLike[str]) -> None:
     print("wrote " + ", ".join(str(p) for p in paths), flush=True)
 
 
+def add_out(parser: argparse.ArgumentParser, name: str, committed: bool = False) -> None:
+    """--out, the result files' path stem (`stem`), results/benchmarks/NAME by default; `committed`: the help says
+    the committed results came from benchmarks/results/NAME."""
+    default = f"results/benchmarks/{name}"
+    where = f"; the committed results came from --out benchmarks/results/{name}" if committed else ""
+    parser.add_argument(
+        "--out", default=default, help=f"result files' path stem, .json optional (default {default}{where})"
+    )
+
+
+def write_results(
+    out: str | os.PathLike[str],
+    result: dict[str, Any],
+    text: str,
+    *also: str | os.PathLike[str],
+    noise: dict[str, Any] | None = None,
+) -> None:
+    """OUT.json (sorted keys) and OUT.md (`text`), the markdown on stdout and, for a run judged against the noise,
+    its verdict line under it; last the files written (`also` after the two)."""
+    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_atomic(f"{out}.md", text)
+    print(text)
+    if noise is not None:
+        print(verdict_line(noise))
+    wrote(f"{out}.json", f"{out}.md", *also)
+
+
 def stem(out: str) -> str:
     """A result stem from --out: `benchmarks/results/NAME` or `benchmarks/results/NAME.json` (the form every other
     benchmark takes) both give `benchmarks/results/NAME`, to which `.json`, `.md` and the like are added."""
@@ -139,7 +169,7 @@ class Load:
 
 @contextlib.contextmanager
 def metered_runs(module: Any, name: str = "run_arm") -> Iterator[list[dict[str, Any]]]:
-    """While inside, every call of `module.name(lm, trace, arm, ...)` (sim.hardware.confirm.run_arm, which
+    """While inside, every call of `module.name(lm, trace, arm, ...)` (sim.hardware.torch.confirm.run_arm, which
     `collect` calls for every warm-up and timed run) is recorded in order with the process's CPU time beside its
     wall time and the involuntary context switches (the times the kernel took the core away) it suffered."""
     original = getattr(module, name)
@@ -258,6 +288,22 @@ def noise_verdict(
     }
 
 
+def judge(
+    summary: dict[str, Any],
+    policy_rows: Sequence[dict[str, Any]],
+    errors: tuple[float, float],
+    targets: tuple[float, float],
+    load: dict[str, Any],
+    arms_cpu: dict[str, dict[str, Any]],
+) -> None:
+    """Into a closed loop's `summary`: whether the median and largest |error| (`errors`) met their `targets`, the
+    arms' CPU seconds, and the noise verdict on the median |error| (`noise_verdict`)."""
+    summary["target_met"] = errors[0] <= targets[0] and errors[1] <= targets[1]
+    summary["arms_cpu"] = arms_cpu
+    summary["noise"] = noise_verdict(policy_rows, errors[0], targets[0], load, arms_cpu)
+    summary["verdict"] = summary["noise"]["verdict"]
+
+
 def verdict_line(noise: dict[str, Any]) -> str:
     """`noise-bound: REASONS` or `fidelity: ...`, the line a run prints under its table."""
     if noise["verdict"] == "noise-bound":
@@ -321,9 +367,10 @@ def free_running(
     each run metered, the load sampled after every repetition; rows predicted on `profile`."""
     import torch
 
-    from sim.hardware import confirm as confirm_mod
+    from sim.hardware import interleave
     from sim.hardware.catalog import info, resolve
-    from sim.hardware.model import load_model
+    from sim.hardware.torch import confirm as confirm_mod
+    from sim.hardware.torch.model import load_model
 
     torch.set_num_threads(1)
     note(f"loading {name} ...")
@@ -340,6 +387,6 @@ def free_running(
             lm, list(traces), list(arms), reps, scripted=False, max_tokens=max_tokens, between=sample, costs=profile
         )
     load.finish()
-    rows = confirm_mod.rows_for(list(traces), list(arms), runs, profile, max_tokens, scripted=False)
+    rows = interleave.rows_for(list(traces), list(arms), runs, profile, max_tokens, scripted=False)
     arms_cpu = attach_cpu(rows, metered, len(traces) * reps * len(arms))
     return FreeRun(rows, arms_cpu, load, lm.info, time.time() - started)

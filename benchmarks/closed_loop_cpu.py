@@ -35,7 +35,6 @@ error; `summary.noise` has the reasons and figures, and the run prints them in a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -49,21 +48,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 from _harness import (  # noqa: E402
     Load,
+    add_out,
     attach_cpu,
     command_line,
+    judge,
     load_lines,
     metered_runs,
-    noise_verdict,
     note,
     relative,
     speedup_noise_points,
     stem,
-    verdict_line,
-    wrote,
+    write_results,
 )
 
 from sim import cli  # noqa: E402
-from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import CostProfile, load_profile  # noqa: E402
 from sim.engine.timing import recurrence_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
@@ -148,12 +146,7 @@ def main() -> int:
         type=cli.int_in(1, 100_000),
         help="cut every trace at this many tokens (default: whole traces; a small cap makes a smoke run)",
     )
-    parser.add_argument(
-        "--out",
-        default="results/benchmarks/closed_loop_cpu",
-        help="result files' path stem, .json optional (default results/benchmarks/closed_loop_cpu; the committed "
-        "results came from --out benchmarks/results/closed_loop_cpu)",
-    )
+    add_out(parser, "closed_loop_cpu", committed=True)
     args = parser.parse_args()
     return cli.run(lambda: _benchmark(args))
 
@@ -162,9 +155,11 @@ def _benchmark(args: argparse.Namespace) -> int:
     require_torch("benchmarks/closed_loop_cpu.py")
     import torch
 
-    from sim.hardware import confirm as confirm_mod
-    from sim.hardware.measure import measure, pool, profile_data, write_profile
-    from sim.hardware.model import load_model, versions
+    from sim.hardware import interleave, report
+    from sim.hardware.metering import write_profile
+    from sim.hardware.torch import confirm as confirm_mod
+    from sim.hardware.torch.measure import measure, pool, profile_data
+    from sim.hardware.torch.model import load_model, versions
 
     out = stem(args.out)
     command = command_line(__file__)
@@ -213,7 +208,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     profile = load_profile(str(profile_path))
     assert isinstance(profile, CostProfile)  # profile_data writes format v1: one context length
     require_widths([arm.config for arm in arms if arm.config is not None], [profile])
-    rows = confirm_mod.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=True)
+    rows = interleave.rows_for(traces, arms, runs, profile, args.max_tokens, scripted=True)
     arms_cpu = attach_cpu(rows, metered, len(traces) * args.reps * len(arms))
 
     costs = context_costs(measurements, profile)
@@ -230,22 +225,16 @@ def _benchmark(args: argparse.Namespace) -> int:
         row["speedup_noise_points"] = speedup_noise_points(row["speedup_reps"])
     policy_rows = [r for r in rows if r["arm"] != PLAIN]
     context_errors = [abs(r["context_error_points"]) for r in policy_rows]
-    summary = confirm_mod.summary(rows, arms)
+    summary = report.summary(rows, arms)
     summary["context_median_abs_error_points"] = statistics.median(context_errors)
     summary["context_max_abs_error_points"] = max(context_errors)
-    summary["target_met"] = (
-        summary["median_abs_error_points"] <= TARGET_MEDIAN and summary["max_abs_error_points"] <= TARGET_MAX
-    )
     p_slices = [m["pipelined_ms"] for m in slices]
     summary["drift_pct"] = {  # P in each slice, relative to the pooled profile's
         "pipelined_by_slice": [100.0 * (p / pooled["pipelined_ms"] - 1.0) for p in p_slices],
         "range": 100.0 * (max(p_slices) - min(p_slices)) / pooled["pipelined_ms"],
     }
-    summary["arms_cpu"] = arms_cpu
-    summary["noise"] = noise_verdict(
-        policy_rows, summary["median_abs_error_points"], TARGET_MEDIAN, load.as_dict(), arms_cpu
-    )
-    summary["verdict"] = summary["noise"]["verdict"]
+    errors = (summary["median_abs_error_points"], summary["max_abs_error_points"])
+    judge(summary, policy_rows, errors, (TARGET_MEDIAN, TARGET_MAX), load.as_dict(), arms_cpu)
     result = {
         "benchmark": "closed_loop_cpu",
         "command": command,
@@ -264,11 +253,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         "rows": rows,
         "summary": summary,
     }
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{out}.md", _markdown(result, measurements))
-    print(_markdown(result, measurements))
-    print(verdict_line(summary["noise"]))
-    wrote(f"{out}.json", f"{out}.md", profile_path)
+    write_results(out, result, _markdown(result, measurements), profile_path, noise=summary["noise"])
     return 0
 
 

@@ -30,7 +30,6 @@ into the cache on first use (python -m sim.models fetch smollm2-135m-instruct). 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,21 +40,20 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _harness import (  # noqa: E402
+    add_out,
     command_line,
     free_running,
+    judge,
     load_lines,
-    noise_verdict,
     recorded_group,
     relative,
     speedup_noise_points,
     stem,
-    verdict_line,
-    wrote,
+    write_results,
 )
 
 from sim import cli  # noqa: E402
 from sim.core.errors import UserError  # noqa: E402
-from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.costs import load_profile  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
 from sim.hardware.arms import PLAIN, build_arms  # noqa: E402
@@ -108,20 +106,15 @@ def main() -> int:
         type=cli.int_in(1, 100_000),
         help="stop every run at this many tokens (default: the traces' own cap, 256; a small cap makes a smoke run)",
     )
-    parser.add_argument(
-        "--out",
-        default="results/benchmarks/closed_loop_real",
-        help="result files' path stem, .json optional (default results/benchmarks/closed_loop_real; the committed "
-        "results came from --out benchmarks/results/closed_loop_real)",
-    )
+    add_out(parser, "closed_loop_real", committed=True)
     args = parser.parse_args()
     return cli.run(lambda: _benchmark(args))
 
 
 def _benchmark(args: argparse.Namespace) -> int:
     require_torch("benchmarks/closed_loop_real.py")
-    from sim.hardware import confirm as confirm_mod
-    from sim.hardware.model import versions
+    from sim.hardware import report
+    from sim.hardware.torch.model import versions
 
     out = stem(args.out)
     command = command_line(__file__)
@@ -134,20 +127,13 @@ def _benchmark(args: argparse.Namespace) -> int:
     for row in rows:
         row["group"] = recorded_group(row["trace"])
         row["speedup_noise_points"] = speedup_noise_points(row["speedup_reps"])
-    summary = confirm_mod.summary(rows, arms)
+    summary = report.summary(rows, arms)
     summary.update(_faithful_errors(rows))
     summary["parity_risk"] = _parity_risk(rows, traces)
     policy_rows = [r for r in rows if r["arm"] != PLAIN]
     judged = [r for r in policy_rows if not r.get("diverged_reps")] or policy_rows
-    summary["target_met"] = (
-        summary["faithful_median_abs_error_points"] <= TARGET_MEDIAN
-        and summary["faithful_max_abs_error_points"] <= TARGET_MAX
-    )
-    summary["arms_cpu"] = arms_cpu
-    summary["noise"] = noise_verdict(
-        judged, summary["faithful_median_abs_error_points"], TARGET_MEDIAN, load.as_dict(), arms_cpu
-    )
-    summary["verdict"] = summary["noise"]["verdict"]
+    errors = (summary["faithful_median_abs_error_points"], summary["faithful_max_abs_error_points"])
+    judge(summary, judged, errors, (TARGET_MEDIAN, TARGET_MAX), load.as_dict(), arms_cpu)
     result = {
         "benchmark": "closed_loop_real",
         "command": command,
@@ -167,12 +153,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         "rows": rows,
         "summary": summary,
     }
-    text = _markdown(result)
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{out}.md", text)
-    print(text)
-    print(verdict_line(summary["noise"]))
-    wrote(f"{out}.json", f"{out}.md")
+    write_results(out, result, _markdown(result), noise=summary["noise"])
     return 0
 
 

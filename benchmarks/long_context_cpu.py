@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
@@ -49,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 from _harness import (  # noqa: E402
     Load,
+    add_out,
     attach_cpu,
     command_line,
     load_lines,
@@ -57,8 +57,7 @@ from _harness import (  # noqa: E402
     note,
     speedup_noise_points,
     stem,
-    verdict_line,
-    wrote,
+    write_results,
 )
 
 from sim import cli  # noqa: E402
@@ -125,11 +124,7 @@ def main() -> int:
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="default float32"
     )
-    parser.add_argument(
-        "--out",
-        default="results/benchmarks/long_context_cpu",
-        help="result files' path stem, .json optional (default results/benchmarks/long_context_cpu)",
-    )
+    add_out(parser, "long_context_cpu")
     args = parser.parse_args()
     return cli.run(lambda: _benchmark(args))
 
@@ -139,10 +134,11 @@ def _benchmark(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from sim.hardware import confirm as confirm_mod
-    from sim.hardware.measure import grid_profile_data, measure, measure_prefill, profile_data
-    from sim.hardware.model import load_model, versions
+    from sim.hardware import interleave
     from sim.hardware.tokenizer import GPT2_EOS
+    from sim.hardware.torch import confirm as confirm_mod
+    from sim.hardware.torch.measure import grid_profile_data, measure, measure_prefill, profile_data
+    from sim.hardware.torch.model import load_model, versions
 
     torch.set_num_threads(args.threads)
     load = Load()
@@ -181,8 +177,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         )
     load.finish()
     note("predicting every row from the v1 and the v2 profile ...")
-    rows = confirm_mod.rows_for(traces, arms, runs, v1_profile, None, scripted=True)
-    rows_v2 = confirm_mod.rows_for(traces, arms, runs, v2_profile, None, scripted=True)
+    rows = interleave.rows_for(traces, arms, runs, v1_profile, None, scripted=True)
+    rows_v2 = interleave.rows_for(traces, arms, runs, v2_profile, None, scripted=True)
     for row, row_v2 in zip(rows, rows_v2, strict=True):
         row["predicted_speedup_v2"] = row_v2["predicted_speedup"]
         row["predicted_ms_v2"] = row_v2["predicted_ms"]
@@ -222,12 +218,8 @@ def _benchmark(args: argparse.Namespace) -> int:
         "rows": rows,
         "summary": summary,
     }
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    text = _markdown(result)
-    write_atomic(f"{out}.md", text)
-    print(text)
-    print(verdict_line(summary["noise"]))
-    wrote(f"{out}.json", f"{out}.md", f"{out}-profile-v1.yaml", f"{out}-profile-v2.yaml", f"{out}-traces/")
+    also = (f"{out}-profile-v1.yaml", f"{out}-profile-v2.yaml", f"{out}-traces/")
+    write_results(out, result, _markdown(result), *also, noise=summary["noise"])
     return 0
 
 

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from _harness import command_line, note, recorded_group, relative, stem, table, wrote
+from _harness import add_out, command_line, note, recorded_group, relative, stem, table, write_results
 
 from sim import cli
 from sim.core.errors import UserError
-from sim.core.io import write_atomic
 from sim.engine.costs import Profile, load_profile
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import make_config
@@ -48,11 +46,7 @@ def main() -> int:
     parser.add_argument(
         "--profiles", default=PROFILES, metavar="P1,P2", help=f"cost profiles, names or paths (default {PROFILES})"
     )
-    parser.add_argument(
-        "--out",
-        default="results/benchmarks/recorded_corpus",
-        help="result files' path stem, .json optional (default results/benchmarks/recorded_corpus)",
-    )
+    add_out(parser, "recorded_corpus")
     args = parser.parse_args()
     return cli.run(lambda: _benchmark(args))
 
@@ -125,11 +119,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         },
     }
     result["inputs_sha256"] = hashlib.sha256("".join(t["sha256"] for t in result["traces"]).encode()).hexdigest()
-    text = _markdown(result)
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{out}.md", text)
-    print(text)
-    wrote(f"{out}.json", f"{out}.md")
+    write_results(out, result, _markdown(result))
     return 0
 
 

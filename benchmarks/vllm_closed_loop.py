@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=OUT, help=f"output stem (default {OUT})")
     args = parser.parse_args(argv)
     from sim.hardware import catalog
-    from sim.hardware.vllm_confirm import confirm
-    from sim.hardware.vllm_engine import require_vllm
+    from sim.hardware.vllm.confirm import confirm
+    from sim.hardware.vllm.engine import require_vllm
 
     version = require_vllm()
     traces = [read_trace(str(p)) for p in pick(args.per_group)]
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             "counters_match": all(r.get("counters_match", True) for r in mine),
             "runs_off_trace": sum(r.get("diverged_reps", 0) for r in mine),
         }
-    from sim.hardware.confirm import summary
+    from sim.hardware.report import summary
 
     result = {
         "command": command_line("benchmarks/vllm_closed_loop.py", argv),

@@ -80,7 +80,7 @@ def prompt_names() -> list[str]:
 
 def record(names: list[str], force: bool) -> None:
     from sim.hardware import catalog
-    from sim.hardware.vllm_engine import Engine, model_info, record_one
+    from sim.hardware.vllm.engine import Engine, model_info, record_one
 
     TRACES.mkdir(parents=True, exist_ok=True)
     path = catalog.resolve(MODEL)
@@ -156,7 +156,7 @@ def measure(raw: dict[str, Any] | None, prompts: list[list[int]]) -> tuple[float
     """One engine (None: no speculation), every prompt one at a time; (start seconds, outputs). Run in a process
     of its own."""
     from sim.hardware import catalog
-    from sim.hardware.vllm_engine import Engine
+    from sim.hardware.vllm.engine import Engine
 
     params = from_speculative_config(raw) if raw is not None else None
     engine = Engine(catalog.resolve(MODEL), params, MAX_MODEL_LEN, 0)
@@ -169,7 +169,7 @@ def measure(raw: dict[str, Any] | None, prompts: list[list[int]]) -> tuple[float
 
 
 def run_config(raw: dict[str, Any], traces: list[Trace]) -> dict[str, Any]:
-    from sim.hardware.vllm_engine import in_fresh_process
+    from sim.hardware.vllm.engine import in_fresh_process
 
     params = from_speculative_config(raw)
     replayed = replay_counters(traces, dataclasses.replace(params, max_model_len=MAX_MODEL_LEN))
@@ -187,7 +187,7 @@ def run_config(raw: dict[str, Any], traces: list[Trace]) -> dict[str, Any]:
 
 def plain_walls(traces: list[Trace]) -> list[float]:
     """vLLM without speculation, the same requests and cap: the closed loop's baseline wall times."""
-    from sim.hardware.vllm_engine import in_fresh_process
+    from sim.hardware.vllm.engine import in_fresh_process
 
     _, outputs = in_fresh_process(measure, None, [list(t.prompt_tokens) for t in traces])
     return [output.wall_s for output in outputs]
@@ -238,11 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replay_only is not None:
         return _replay_only(args, argv)
-    from sim.hardware.vllm_engine import require_vllm
+    from sim.hardware.vllm.engine import require_vllm
 
     vllm_version = require_vllm()
     names = prompt_names()[: args.prompts]
-    from sim.hardware.vllm_engine import in_fresh_process
+    from sim.hardware.vllm.engine import in_fresh_process
 
     in_fresh_process(record, names, args.force)
     if args.record_only:

@@ -1,7 +1,7 @@
 """Confirm policies on this machine against the simulator: `python -m sim.confirm TRACE... --profile PROFILE.yaml`.
 
 An interleaved A/B of plain decoding and policy arms on a real model, beside
-the simulator's prediction (sim/hardware/confirm.py). Writes OUT/confirm.json
+the simulator's prediction (sim/hardware/torch/confirm.py). Writes OUT/confirm.json
 (every parameter, hash and sample) and OUT/confirm.md, neither of which may be
 one of the inputs or replace an earlier result without --force. Traces,
 profile, arms and the traces' token ids are checked against the model's
@@ -119,9 +119,10 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     for arm in arms:
         if arm.config is not None and arm.config.own_keys:  # torch runs governors on mlxcel's loop
             raise UserError(f"arm {arm.label} configures vLLM: confirm it with --engine vllm (and --model)")
-    from sim.hardware.confirm import confirm, markdown, summary
-    from sim.hardware.loading import model_from_args, model_limits
-    from sim.hardware.model import versions
+    from sim.hardware.report import markdown, summary
+    from sim.hardware.torch.confirm import confirm
+    from sim.hardware.torch.loading import model_from_args, model_limits
+    from sim.hardware.torch.model import versions
 
     limits = model_limits(args)  # from the configuration: traces the model cannot run are refused before loading
     for trace, cap in zip(traces, caps, strict=True):
@@ -153,14 +154,13 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
 def _confirm_vllm(
     args: argparse.Namespace, argv: list[str], traces: list[Any], arms: list[Any], profile: Any, out: Path
 ) -> int:
-    """sim.confirm --engine vllm: the arms in real vLLM engines (sim/hardware/vllm_confirm.py)."""
+    """sim.confirm --engine vllm: the arms in real vLLM engines (sim/hardware/vllm/confirm.py)."""
     from sim.core.io import write_atomic_all
-    from sim.hardware.confirm import markdown, summary
-    from sim.hardware.loading import checkpoint_path
-    from sim.hardware.model import _cpu_model
-    from sim.hardware.options import dump_json
-    from sim.hardware.vllm_confirm import confirm
-    from sim.hardware.vllm_engine import model_info, require_vllm
+    from sim.hardware.options import checkpoint_path, dump_json
+    from sim.hardware.provenance import cpu_model
+    from sim.hardware.report import markdown, summary
+    from sim.hardware.vllm.confirm import confirm
+    from sim.hardware.vllm.engine import model_info, require_vllm
 
     for flag, bad in (
         ("--arch", args.arch is not None),
@@ -179,7 +179,7 @@ def _confirm_vllm(
         "versions": {"vllm": vllm_version},
         "engine": "vllm",
         "engines": engines,
-        "model": {**model_info(args.model, Path(path)), "device": f"vLLM {vllm_version} on {_cpu_model()}"},
+        "model": {**model_info(args.model, Path(path)), "device": f"vLLM {vllm_version} on {cpu_model()}"},
         "profile": {**profile.as_dict(), "path": args.profile, "meta": profile.meta},
         "traces": [{"name": t.name, "path": t.path, "sha256": t.sha256} for t in traces],
         "arms": [a.as_dict() for a in arms],

@@ -2,7 +2,7 @@
 
 P (the pipelined step), S(1..W) (synchronous verify forwards) and the prefill
 cost, measured through the same torch target the round loop drives
-(sim/hardware/measure.py); the profile is what `sim.replay --profile PATH` and
+(sim/hardware/torch/measure.py); the profile is what `sim.replay --profile PATH` and
 `sim.confirm --profile PATH` read. W defaults to 16: wide enough for every
 committed configuration (max_draft + 1 <= 16).
 """
@@ -190,14 +190,15 @@ def _measure(args: argparse.Namespace, argv: list[str]) -> int:
     steps, lengths = _check(args)
     contexts = _contexts(args)
     require_torch("python -m sim.measure")
-    if args.serving:  # sim/hardware/vllm_serving_measure.py
-        from sim.hardware.vllm_serving_measure import run_command
+    if args.serving:  # sim/hardware/vllm/serving_measure.py
+        from sim.hardware.vllm.serving_measure import run_command
 
         return run_command(args, argv, profile_name(args))
     if args.engine == "vllm":
         return _measure_vllm(args, argv, contexts, steps[1])
-    from sim.hardware.loading import model_from_args, model_limits
-    from sim.hardware.measure import measure, profile_data, write_profile
+    from sim.hardware.metering import write_profile
+    from sim.hardware.torch.loading import model_from_args, model_limits
+    from sim.hardware.torch.measure import measure, profile_data
 
     limits = model_limits(args)
     if limits.positions is not None:
@@ -251,11 +252,11 @@ def _fits_in_memory(what: str) -> Iterator[None]:
 
 
 def _measure_vllm(args: argparse.Namespace, argv: list[str], contexts: list[int], steps: int) -> int:
-    """sim.measure --engine vllm: a profile of vLLM's engine step (sim/hardware/vllm_measure.py)."""
-    from sim.hardware.loading import checkpoint_path
-    from sim.hardware.measure import write_profile
-    from sim.hardware.vllm_engine import model_info, require_vllm
-    from sim.hardware.vllm_measure import measure, profile_data
+    """sim.measure --engine vllm: a profile of vLLM's engine step (sim/hardware/vllm/measure.py)."""
+    from sim.hardware.metering import write_profile
+    from sim.hardware.options import checkpoint_path
+    from sim.hardware.vllm.engine import model_info, require_vllm
+    from sim.hardware.vllm.measure import measure, profile_data
 
     if not contexts:
         raise UserError("--engine vllm measures at context lengths: give --contexts N1,N2,... (e.g. 64,512,1024)")
@@ -274,9 +275,9 @@ def _measure_vllm(args: argparse.Namespace, argv: list[str], contexts: list[int]
     command = "python -m sim.measure " + shlex.join(argv)
     import torch
 
-    from sim.hardware.model import _cpu_model
+    from sim.hardware.provenance import cpu_model
 
-    machine = f"cpu: {_cpu_model()}; vLLM {vllm_version} (eager, float32), torch {torch.__version__}"
+    machine = f"cpu: {cpu_model()}; vLLM {vllm_version} (eager, float32), torch {torch.__version__}"
     model = f"{info['name']} (float32 in vLLM; {info.get('provenance') or info.get('path')})"
     data = profile_data(m, profile_name(args), model, machine, command)
     write_profile(args.out, data)
@@ -290,10 +291,11 @@ def _measure_grid(
     """A v2 profile: one measurement per context length, then prefill timed at those lengths."""
     import numpy as np
 
-    from sim.hardware.measure import grid_profile_data, measure, measure_prefill, write_profile
-    from sim.hardware.model import LoadedModel
+    from sim.hardware.metering import write_profile
     from sim.hardware.options import progress as progress_bar
     from sim.hardware.tokenizer import GPT2_EOS
+    from sim.hardware.torch.measure import grid_profile_data, measure, measure_prefill
+    from sim.hardware.torch.model import LoadedModel
 
     assert isinstance(lm, LoadedModel)  # built by model_from_args
     by_context = {}

@@ -1,6 +1,6 @@
 """Record traces from real greedy decode runs: `python -m sim.record PROMPT... --arch NAME|--model PATH --out DIR`.
 
-One trace per prompt (sim/hardware/record.py): token ids and top-1 minus top-2
+One trace per prompt (sim/hardware/torch/record.py): token ids and top-1 minus top-2
 logit margins, flushed to `NAME.jsonl.partial` as they land and renamed to
 `NAME.jsonl` at the end. NAME is the prompt file's name, or a trace's header
 name; it must be a plain file name, so every output stays inside `--out`.
@@ -106,10 +106,10 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
     require_torch("python -m sim.record")
     if args.engine == "vllm":
         return _record_vllm(args, argv, prompts, out)
-    from sim.hardware.loading import model_from_args, model_limits
-    from sim.hardware.model import versions
     from sim.hardware.prompts import encode
-    from sim.hardware.record import record_one
+    from sim.hardware.torch.loading import model_from_args, model_limits
+    from sim.hardware.torch.model import versions
+    from sim.hardware.torch.record import record_one
 
     limits = model_limits(args)  # from the configuration: bad prompts are refused before the weights load
     for prompt in prompts:
@@ -135,10 +135,10 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _record_vllm(args: argparse.Namespace, argv: list[str], prompts: list[PromptFile], out: Path) -> int:
     """sim.record --engine vllm: each prompt through vLLM's offline API, one request at a time."""
-    from sim.hardware.loading import checkpoint_path
-    from sim.hardware.model import local_prompter
+    from sim.hardware.options import checkpoint_path
     from sim.hardware.prompts import encode
-    from sim.hardware.vllm_engine import in_fresh_process, model_info, record_all, require_vllm
+    from sim.hardware.torch.checkpoint import local_prompter
+    from sim.hardware.vllm.engine import in_fresh_process, model_info, record_all, require_vllm
 
     bounded(args.max_model_len, "--max-model-len", 2, 1 << 20)
     for flag, bad in (

@@ -2,7 +2,7 @@
 and what was expected, exit 2, nothing written, no traceback; and nothing in a checkpoint ever runs as code (no
 pickle beyond tensors, never `trust_remote_code`). The checkpoints are the tiny random-weight model saved by the
 project's own code, with one file spoiled per case; `sim.record` stands for the three commands (they share
-`sim.hardware.model`), and sim.measure and sim.confirm are shown refusing one of them too."""
+`sim.hardware.torch.checkpoint`), and sim.measure and sim.confirm are shown refusing one of them too."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ PROMPT = [5, 6, 7, 8] * 4
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     """The tiny model as save_pretrained writes it: config.json, generation_config.json, model.safetensors."""
-    from sim.hardware.model import load_model
+    from sim.hardware.torch.model import load_model
 
     folder = tmp_path_factory.mktemp("saved") / "tiny"
     load_model(arch="tiny", device="cpu").model.save_pretrained(folder)
@@ -302,8 +302,8 @@ def test_weights_that_make_nan_logits_are_refused_not_recorded(ckpt, tmp_path, c
 def test_pickled_weights_load_with_weights_only_and_decode_as_the_safetensors_do(saved, ckpt):
     """pytorch_model.bin (read only with torch.load(weights_only=True)) is still a checkpoint that loads: the same
     greedy tokens as from model.safetensors."""
-    from sim.hardware.model import load_model
-    from sim.hardware.target import TorchTarget, decode_plain
+    from sim.hardware.torch.model import load_model
+    from sim.hardware.torch.target import TorchTarget, decode_plain
 
     _as_pickle(ckpt)
     pickled = load_model(path=str(ckpt), device="cpu")

@@ -346,7 +346,7 @@ def test_the_real_checkpoint_carries_its_hashes_and_a_second_fetch_is_a_no_op(sm
 def test_the_real_checkpoint_loads_fast_and_greedy_decoding_stops_at_im_end(smol):
     import torch
 
-    from sim.hardware.model import load_model
+    from sim.hardware.torch.model import load_model
 
     folder, _ = smol
     load_model(path=str(folder), device="cpu")  # the first load reads the file into the page cache

@@ -669,7 +669,7 @@ def test_bad_input_is_refused_before_any_work(build, tmp_path, capsys, request, 
     if request.node.get_closest_marker("torch"):
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
-        monkeypatch.setattr("sim.hardware.loading.model_from_args", _never_load)
+        monkeypatch.setattr("sim.hardware.torch.loading.model_from_args", _never_load)
     main, argv, fragments = build(tmp_path)
     before = snapshot(tmp_path)
     outcome = run_main(main, argv, capsys)
@@ -783,7 +783,7 @@ def test_a_read_only_out_is_refused_before_the_model_loads(command, tmp_path, ca
     no model loaded first, for each of the three commands."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    monkeypatch.setattr("sim.hardware.loading.model_from_args", _never_load)
+    monkeypatch.setattr("sim.hardware.torch.loading.model_from_args", _never_load)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)

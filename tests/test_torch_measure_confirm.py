@@ -66,9 +66,9 @@ def sync_ms(width: int) -> float:
 def scripted_clock(stalled_width_1: int = 0) -> Iterator[None]:
     """The clock of sim.measure and sim.confirm, advanced by the fixed costs above as each real forward is read
     (the first `stalled_width_1` width-1 verifies also stall STALL_MS, as when another process takes the core)."""
-    from sim.hardware import confirm as confirm_lib
-    from sim.hardware import measure as measure_lib
-    from sim.hardware.target import TorchTarget
+    from sim.hardware.torch import confirm as confirm_lib
+    from sim.hardware.torch import measure as measure_lib
+    from sim.hardware.torch.target import TorchTarget
 
     now = [0.0]
     stalls = [stalled_width_1]
@@ -146,8 +146,8 @@ def test_measurements_taken_at_different_moments_pool_into_one(clock, capsys):
     profile (the CPU benchmark spreads its profile's rounds over the confirm runs this way)."""
     import statistics
 
-    from sim.hardware.measure import measure, pool, profile_data
-    from sim.hardware.model import load_model
+    from sim.hardware.torch.measure import measure, pool, profile_data
+    from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
     parts = [
@@ -181,8 +181,8 @@ QUICK_MEASURE = dict(prompt_tokens=32, max_width=4, rounds=3, warmup=0, steps=(2
 def test_medians_that_give_a_width_no_device_time_are_measured_again():
     """S(1) stalled in the first 3 rounds puts the host gap S(1) - P above every S(w): 3 more rounds leave the
     median stalled (6 samples, 3 stalled), 3 more settle it; the profile is valid and its notes say why."""
-    from sim.hardware.measure import device_times_positive, measure, profile_data
-    from sim.hardware.model import load_model
+    from sim.hardware.torch.measure import device_times_positive, measure, profile_data
+    from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
     with scripted_clock(stalled_width_1=3):
@@ -199,8 +199,8 @@ def test_medians_that_give_a_width_no_device_time_are_measured_again():
 def test_medians_that_never_settle_are_one_error_line():
     """A stall on every width-1 verify: 3 batches of rounds more, then a UserError that says what to do."""
     from sim.core.errors import UserError
-    from sim.hardware.measure import measure
-    from sim.hardware.model import load_model
+    from sim.hardware.torch.measure import measure
+    from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
     with (
@@ -212,7 +212,7 @@ def test_medians_that_never_settle_are_one_error_line():
 
 def test_device_times_positive_follows_the_profile_rule():
     """P > 0 and every S(w) above S(1) - P, with P taken as S(1) where it came out above (medians of samples)."""
-    from sim.hardware.measure import device_times_positive
+    from sim.hardware.torch.measure import device_times_positive
 
     assert device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [1.5, 1.6, 1.7]})  # gap 2.1 - 1.2 < 1.6
     assert not device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [0.8, 0.85, 0.9]})  # 0.85 < gap 0.9
@@ -351,7 +351,7 @@ def test_confirm_reports_where_the_model_left_the_trace_and_the_margin_there(pro
 
 
 def test_divergence_names_the_first_differing_token_or_the_shorter_end():
-    from sim.hardware.confirm import divergence
+    from sim.hardware.interleave import divergence
 
     trace = types.SimpleNamespace(margins=(3.0, 0.1, 2.0))
     assert divergence(trace, [1, 2, 3], [1, 9, 3]) == {"index": 1, "trace_token": 2, "run_token": 9, "margin": 0.1}
@@ -563,7 +563,7 @@ def test_two_repetitions_write_finite_intervals(profile, clock, tmp_path):
 def test_a_non_finite_number_is_a_loud_bug_never_a_file(tmp_path):
     """What sim.confirm and sim.measure write goes through a check that raises ValueError (a bug, with its
     traceback) naming the key of a NaN or an infinity, before any file is written; YAML would write .inf silently."""
-    from sim.hardware.measure import write_profile
+    from sim.hardware.metering import write_profile
     from sim.hardware.options import dump_json
 
     with pytest.raises(ValueError, match=r"confirm.json: summary.paired\[1\] is nan"):
@@ -602,8 +602,8 @@ def test_config_arms_are_labelled_short_and_listed_in_full_below(profile, tmp_pa
 def test_eos_as_the_first_token_is_one_error_line(tmp_path, monkeypatch, capsys):
     """Model tokens (no --scripted) from a checkpoint whose first token for the prompt is its EOS: nothing to time,
     no speedup to divide by; one line naming the trace and --scripted, no result written."""
-    from sim.hardware.model import load_model
-    from sim.hardware.target import TorchTarget, decode_plain
+    from sim.hardware.torch.model import load_model
+    from sim.hardware.torch.target import TorchTarget, decode_plain
 
     checkpoint = tmp_path / "ckpt"
     tiny = load_model(arch="tiny", device="cpu")

@@ -64,7 +64,7 @@ def test_a_checkpoint_tokenizer_with_a_chat_template_encodes_the_prompt(tmp_path
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from sim.hardware.model import load_model
+    from sim.hardware.torch.model import load_model
 
     checkpoint = tmp_path / "ckpt"
     load_model(arch="tiny", device="cpu").model.save_pretrained(checkpoint)

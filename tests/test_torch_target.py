@@ -24,8 +24,8 @@ from sim.engine.actions import READ, STEP  # noqa: E402
 from sim.engine.mlxcel import run  # noqa: E402
 from sim.engine.timing import plain_actions  # noqa: E402
 from sim.engine.trace import read_trace, write_trace  # noqa: E402
-from sim.hardware.model import load_model  # noqa: E402
-from sim.hardware.target import TorchTarget, decode_plain  # noqa: E402
+from sim.hardware.torch.model import load_model  # noqa: E402
+from sim.hardware.torch.target import TorchTarget, decode_plain  # noqa: E402
 from sim.rows.config import make_config  # noqa: E402
 from sim.rows.replay import run_trace  # noqa: E402
 
@@ -155,7 +155,7 @@ def test_named_architectures_have_the_published_sizes():
     """The real-size configs build (on the meta device, no memory) with the published parameter counts."""
     from transformers import AutoModelForCausalLM
 
-    from sim.hardware.model import arch_config
+    from sim.hardware.torch.model import arch_config
 
     expected = {"qwen3-1.7b": 1.72e9, "qwen3-8b": 8.19e9, "llama-3.1-8b": 8.03e9}
     for arch, count in expected.items():
@@ -191,9 +191,9 @@ def test_command_line_names_match_the_models_and_limits_come_from_the_configurat
     model's vocabulary and positions are read from its configuration without building it."""
     import argparse
 
-    from sim.hardware.loading import model_limits
-    from sim.hardware.model import ARCHS, DTYPES
     from sim.hardware.options import ARCH_NAMES, DTYPE_NAMES
+    from sim.hardware.torch.loading import model_limits
+    from sim.hardware.torch.model import ARCHS, DTYPES
 
     assert tuple(ARCHS) == ARCH_NAMES and tuple(DTYPES) == DTYPE_NAMES
     limits = model_limits(argparse.Namespace(arch="tiny", model=None))

@@ -297,7 +297,7 @@ def test_paired_ratios_verdicts_and_noise_from_interleaved_runs():
     pooled sd of the log ratios."""
     pytest.importorskip("torch")
     from sim.hardware.arms import Arm
-    from sim.hardware.confirm import paired
+    from sim.hardware.report import paired
 
     arms = [Arm("plain", None), Arm("gated", make_config("gated", {})), Arm("best", make_config("graded", {}))]
 

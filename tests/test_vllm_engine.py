@@ -393,7 +393,7 @@ def test_confirmation_markdown_shows_vllms_per_step_record():
     closed loop's rows are such rows)."""
     from conftest import ROOT
 
-    from sim.hardware.confirm import markdown
+    from sim.hardware.report import markdown
 
     closed = json.loads((ROOT / "benchmarks/results/vllm_closed_loop.json").read_text())
     result = {

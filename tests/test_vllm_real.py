@@ -47,7 +47,7 @@ CONFIGS = (
 
 
 def test_version_is_in_the_window_the_rules_hold_for():
-    from sim.hardware.vllm_engine import SUPPORTED, require_vllm
+    from sim.hardware.vllm.engine import SUPPORTED, require_vllm
 
     assert require_vllm() == vllm.__version__ and vllm.__version__.startswith(SUPPORTED)
 
@@ -155,7 +155,7 @@ def test_dynamic_sd_refusals_agree(ranges):
 def _run(raw: dict | None, prompts: list[list[int]], max_tokens: int) -> list[dict]:
     """In a fresh process: one engine, each prompt alone, greedy."""
     from sim.hardware import catalog
-    from sim.hardware.vllm_engine import Engine
+    from sim.hardware.vllm.engine import Engine
 
     engine = Engine(catalog.resolve(SMOL), from_speculative_config(raw) if raw else None, MAX_MODEL_LEN, 0)
     return [dataclasses.asdict(engine.generate(p, max_tokens, logprobs=raw is None)) for p in prompts]
@@ -185,7 +185,7 @@ def test_record_writes_vllms_engine_and_margins(recorded):
 
 @pytest.mark.parametrize("raw", CONFIGS, ids=lambda raw: json.dumps(raw, separators=(",", ":")))
 def test_counters_equal_vllms_step_by_step(recorded, raw):
-    from sim.hardware.vllm_engine import in_fresh_process
+    from sim.hardware.vllm.engine import in_fresh_process
 
     measured = in_fresh_process(_run, raw, [list(t.prompt_tokens) for t in recorded], CAP)
     params = dataclasses.replace(from_speculative_config(raw), max_model_len=MAX_MODEL_LEN)

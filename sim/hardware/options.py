@@ -26,7 +26,8 @@ from sim.core.errors import ModelError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs
 from sim.engine.trace import Trace
 
-# The named random-weight architectures of sim/hardware/model.py (ARCHS there must list exactly these, in this order).
+# The named random-weight architectures of sim/hardware/torch/model.py (ARCHS there must list exactly these, in
+# this order).
 ARCH_NAMES = ("tiny", "mid", "qwen3-1.7b", "qwen3-8b", "llama-3.1-8b")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 TORCH_EXTRA = "pip install -e '.[torch]'"
@@ -109,6 +110,14 @@ def check_model_args(args: argparse.Namespace) -> None:
         raise ModelError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if args.random_weights and args.model is None:
         raise ModelError("--random-weights goes with --model PATH (--arch always uses random weights)")
+
+
+def checkpoint_path(args: argparse.Namespace) -> str:
+    """--model's checkpoint folder: a catalog name is its entry in the cache, fetched on first use with a progress
+    line (a name that is also a path here is refused as ambiguous); any other value is a local path, as it is."""
+    from sim.hardware import catalog
+
+    return str(catalog.resolve(args.model))
 
 
 def model_files(args: argparse.Namespace) -> list[Path]:

@@ -14,7 +14,7 @@ from sim.engine.trace import read_trace
 from sim.hardware.options import output_name
 
 if TYPE_CHECKING:
-    from sim.hardware.model import Prompter
+    from sim.hardware.tokenizer import Prompter
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ The bundled traces are tokenized with GPT-2's byte-level BPE (50,257 ids).
 The merge ranks ship with the repository in ``traces/tokenizer/gpt2.tiktoken``
 (taken from the openai-whisper sdist, MIT; see that folder's README), so
 building the encoding never touches the network or tiktoken's download
-registry.
+registry. `Prompter` is what every model's tokenizer (GPT-2's, or a checkpoint's own) gives a prompt by.
 
     >>> from sim.hardware.tokenizer import load_gpt2
     >>> load_gpt2().encode("hello world")
@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import tiktoken
@@ -28,9 +30,25 @@ __all__ = [
     "GPT2_FILE_SHA256",
     "GPT2_N_VOCAB",
     "GPT2_PATTERN",
+    "Prompter",
     "load_gpt2",
     "load_ranks",
 ]
+
+
+@dataclass
+class Prompter:
+    """Text -> prompt token ids, with the tokenizer's chat template when it has one (and it is wanted)."""
+
+    name: str
+    encode: Callable[[str], list[int]]
+    chat: Callable[[str], list[int]] | None = None
+
+    def prompt(self, text: str, use_chat_template: bool = True) -> list[int]:
+        if use_chat_template and self.chat is not None:
+            return self.chat(text)
+        return self.encode(text)
+
 
 #: ``<|endoftext|>``, the only special token of GPT-2; it ends a generation.
 GPT2_EOS = 50256

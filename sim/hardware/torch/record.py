@@ -1,6 +1,6 @@
 """Record traces from real greedy decode runs (the library behind `python -m sim.record`).
 
-Each prompt is decoded plainly (pipelined greedy, `sim.hardware.target.decode_plain`)
+Each prompt is decoded plainly (pipelined greedy, `sim.hardware.torch.target.decode_plain`)
 and becomes one trace (format v1, docs/trace-format.md): a header naming the model,
 dtype, device, library versions and tokenizer, then per token its id and the
 top-1 minus top-2 logit margin (optionally the top-k candidates).
@@ -22,10 +22,10 @@ import torch
 
 from sim.core.errors import ModelError
 from sim.engine.trace import header_line, token_line, write_trace
-from sim.hardware.model import LoadedModel
 from sim.hardware.options import naming, progress, require_finite
 from sim.hardware.prompts import PromptFile, encode, output_paths, read_prompt  # noqa: F401 (the library's API)
-from sim.hardware.target import TorchTarget, decode_plain
+from sim.hardware.torch.model import LoadedModel
+from sim.hardware.torch.target import TorchTarget, decode_plain
 
 DIGITS = 5  # logits and margins are rounded so that files stay short and diff cleanly
 

@@ -1,4 +1,4 @@
-"""`python -m sim.confirm --engine vllm`: the interleaved A/B of sim/hardware/confirm.py on real vLLM engines.
+"""`python -m sim.confirm --engine vllm`: the interleaved A/B of sim/hardware/torch/confirm.py on real vLLM engines.
 
 Every arm is a vLLM engine of its own (plain: no speculation), each in a worker process that holds it for the whole
 run (vLLM 0.32 starts one engine per process), so the arms interleave request by request exactly as the torch
@@ -19,9 +19,9 @@ from sim.core.errors import ModelError
 from sim.engine.costs import Profile
 from sim.engine.trace import Trace
 from sim.hardware.arms import PLAIN, Arm
-from sim.hardware.confirm import RunResult, interleaved, rows_for
+from sim.hardware.interleave import RunResult, interleaved, rows_for
 from sim.hardware.options import progress as progress_bar
-from sim.hardware.vllm_engine import preload_openmp
+from sim.hardware.vllm.engine import preload_openmp
 from sim.rows.replay import effective_max_tokens
 
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -31,7 +31,7 @@ def _serve(connection: Connection, model: str, spec: dict[str, Any] | None, max_
     """A worker: one engine, then (prompt, max_tokens) requests until None. Ctrl-C is the parent's to handle: it
     closes the workers."""
     from policies.vllm import from_speculative_config
-    from sim.hardware.vllm_engine import Engine
+    from sim.hardware.vllm.engine import Engine
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:

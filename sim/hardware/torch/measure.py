@@ -29,20 +29,17 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from sim.core.errors import UserError
-from sim.core.io import write_atomic_all
-from sim.engine.costs import profile_from_dict
-from sim.hardware.model import LoadedModel, versions
-from sim.hardware.options import DEFAULT_MAX_WIDTH, require_finite
+from sim.hardware.metering import fit_prefill
+from sim.hardware.options import DEFAULT_MAX_WIDTH
 from sim.hardware.options import progress as progress_bar
-from sim.hardware.target import TorchTarget, synchronize
 from sim.hardware.tokenizer import GPT2_EOS
+from sim.hardware.torch.model import LoadedModel, versions
+from sim.hardware.torch.target import TorchTarget, synchronize
 
 
 def measure(
@@ -162,19 +159,6 @@ def measure_prefill(
     return prefill
 
 
-def fit_prefill(medians: dict[int, float]) -> tuple[float, float, float, str]:
-    """(fixed, per token, per token^2, how): a quadratic least-squares fit where three or more lengths give a
-    positive curvature (attention's cost grows with the square of the prompt), else a straight line."""
-    lengths = sorted(medians)
-    ys = [medians[n] for n in lengths]
-    if len(lengths) >= 3:
-        c2, c1, c0 = (float(v) for v in np.polyfit(lengths, ys, 2))
-        if c2 > 0 and c1 >= 0:
-            return c0, c1, c2, "least-squares quadratic"
-    c1, c0 = (float(v) for v in np.polyfit(lengths, ys, 1))
-    return c0, c1, 0.0, "least-squares line"
-
-
 def _summary(
     prompt_tokens: int,
     warmup: int,
@@ -280,13 +264,6 @@ def profile_data(m: dict[str, Any], lm: LoadedModel, name: str, command: str) ->
             + ")",
         },
     }
-
-
-def write_profile(path: str | Path, data: dict[str, Any]) -> None:
-    """Validate through the same loader replay uses, then write atomically (an OSError names the file)."""
-    require_finite(data, str(path))  # YAML would write .nan or .inf silently, anywhere, `measurements` included
-    profile_from_dict(data, str(path))
-    write_atomic_all([(path, yaml.safe_dump(data, sort_keys=False, width=1000))])
 
 
 def grid_profile_data(

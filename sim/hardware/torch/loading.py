@@ -14,14 +14,9 @@ import torch
 
 from sim.core.errors import ModelError
 from sim.hardware import catalog
-from sim.hardware.model import LoadedModel, arch_config, check_checkpoint, load_model
-from sim.hardware.options import ModelLimits
-
-
-def checkpoint_path(args: argparse.Namespace) -> str:
-    """--model's checkpoint folder: a catalog name is its entry in the cache, fetched on first use with a progress
-    line (a name that is also a path here is refused as ambiguous); any other value is a local path, as it is."""
-    return str(catalog.resolve(args.model))
+from sim.hardware.options import ModelLimits, checkpoint_path
+from sim.hardware.torch.checkpoint import check_checkpoint
+from sim.hardware.torch.model import LoadedModel, arch_config, load_model
 
 
 def model_limits(args: argparse.Namespace) -> ModelLimits:

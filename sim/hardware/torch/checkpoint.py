@@ -1,225 +1,35 @@
-"""Causal LMs for real decode runs: a local checkpoint, or a named architecture with random weights.
+"""A local checkpoint, every file of it checked before its weights load: configuration, weight files, EOS ids and
+tokenizer (the checks behind `sim.hardware.torch.model.load_model` and the catalog's conversion).
 
-Everything torch lives in this folder (sim/hardware/); `sim.record`,
-`sim.measure` and `sim.confirm` import it, replay and tuning never do.
-
-Nothing is ever downloaded: the hub is switched off before transformers is
-imported, and checkpoints load with `local_files_only`. Nothing in a checkpoint
-runs as code: `trust_remote_code` is always off (an `auto_map` architecture is
-refused), and pickled weights are read only with `torch.load(weights_only=True)`.
-Every file of a checkpoint is checked before its weights load (`check_checkpoint`),
-and a load that leaves a weight missing, unused or of another shape is refused. A named architecture is
-built from its config with seeded random weights: a forward's cost does not
-depend on the weight values, so a real-size random model measures real costs.
-Random-weight models and the bundled traces share the GPT-2 tokenizer
-(`sim/hardware/tokenizer.py`, EOS 50256), which is why every named vocabulary is >= 50257.
+Nothing in a checkpoint runs as code: `trust_remote_code` is always off (an `auto_map` architecture is refused), and
+pickled weights are read only with `torch.load(weights_only=True)`. A load that leaves a weight missing, unused or of
+another shape is refused.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
-import platform
-import re
 import stat
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, whatever the caller forgot
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import torch
+import transformers
+from huggingface_hub.errors import StrictDataclassError
+from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from huggingface_hub.errors import StrictDataclassError  # noqa: E402
-from safetensors import SafetensorError, safe_open  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen3Config  # noqa: E402
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
-
-from sim.core.errors import ModelError  # noqa: E402
-from sim.core.io import load_json, read_bytes  # noqa: E402
-from sim.hardware.tokenizer import GPT2_EOS, GPT2_N_VOCAB, load_gpt2  # noqa: E402
+from sim.core.errors import ModelError
+from sim.core.io import load_json, read_bytes
+from sim.hardware.tokenizer import Prompter
 
 transformers.logging.set_verbosity_error()  # one clear line per problem, not library chatter
 transformers.logging.disable_progress_bar()
-
-# The command lines offer these names and ARCHS' without importing torch (sim/hardware/options.py: DTYPE_NAMES,
-# ARCH_NAMES); a test holds the two lists equal.
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-# Named architectures. The real ones copy the shapes of the published checkpoints' config.json
-# (vocabulary, widths, depth, heads, RoPE); `tiny` is for tests, `mid` for CPU benchmarks.
-_QWEN3_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
-ARCHS: dict[str, tuple[type, dict[str, Any]]] = {
-    "tiny": (
-        Qwen3Config,
-        dict(  # ~6.5M parameters, almost all of them the 50k-token embedding and head
-            vocab_size=50304,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=4096,
-            tie_word_embeddings=False,
-            # 5x the usual init scale: greedy output of these weights falls into repeats, so lookup proposals land
-            initializer_range=0.1,
-            rope_parameters=_QWEN3_ROPE,
-        ),
-    ),
-    "mid": (
-        Qwen3Config,
-        dict(  # ~29.7M parameters: CPU closed-loop benchmarks, the long-context one up to 4.6k positions
-            vocab_size=50304,
-            hidden_size=256,
-            intermediate_size=1024,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
-            max_position_embeddings=8192,  # RoPE: positions add no weights, so the weights stay those of 4096
-            tie_word_embeddings=False,
-            rope_parameters=_QWEN3_ROPE,
-        ),
-    ),
-    "qwen3-1.7b": (
-        Qwen3Config,
-        dict(
-            vocab_size=151936,
-            hidden_size=2048,
-            intermediate_size=6144,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            rope_parameters=_QWEN3_ROPE,
-        ),
-    ),
-    "qwen3-8b": (
-        Qwen3Config,
-        dict(
-            vocab_size=151936,
-            hidden_size=4096,
-            intermediate_size=12288,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=40960,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            rope_parameters=_QWEN3_ROPE,
-        ),
-    ),
-    "llama-3.1-8b": (
-        LlamaConfig,
-        dict(
-            vocab_size=128256,
-            hidden_size=4096,
-            intermediate_size=14336,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=False,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 500_000.0,
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-        ),
-    ),
-}
-
-
-@dataclass
-class Prompter:
-    """Text -> prompt token ids, with the tokenizer's chat template when it has one (and it is wanted)."""
-
-    name: str
-    encode: Callable[[str], list[int]]
-    chat: Callable[[str], list[int]] | None = None
-
-    def prompt(self, text: str, use_chat_template: bool = True) -> list[int]:
-        if use_chat_template and self.chat is not None:
-            return self.chat(text)
-        return self.encode(text)
-
-
-@dataclass
-class LoadedModel:
-    model: Any  # a transformers causal LM in eval mode
-    device: torch.device
-    dtype: torch.dtype
-    eos_ids: tuple[int, ...]
-    prompter: Prompter
-    info: dict[str, Any] = field(default_factory=dict)  # what result files record about the model
-
-    @property
-    def label(self) -> str:
-        return self.info["name"]
-
-
-def resolve_device(name: str | None) -> torch.device:
-    """`cuda` when there is one, else `cpu`; an explicit `cuda` without one is an error."""
-    if name in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
-    if not (name == "cpu" or name == "cuda" or re.fullmatch(r"cuda:\d+", name)):
-        raise ModelError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
-    device = torch.device(name)
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ModelError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
-def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    if name in (None, "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU bf16 matmuls are slow and lossy
-    if name not in DTYPES:
-        raise ModelError(f"--dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
-
-
-def arch_config(arch: str):
-    if arch not in ARCHS:
-        raise ModelError(f"unknown --arch {arch!r}; known: {', '.join(ARCHS)}")
-    cls, values = ARCHS[arch]
-    return cls(**values, bos_token_id=GPT2_EOS, eos_token_id=GPT2_EOS)
-
-
-def _config_sha256(config) -> str:
-    text = json.dumps(config.to_diff_dict(), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _random_model(config, device: torch.device, dtype: torch.dtype, seed: int):
-    torch.manual_seed(seed)
-    with torch.device(device):  # initialise on the device: an 8B model never passes through host memory
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
-
-
-def _gpt2_prompter(vocab_size: int) -> Prompter:
-    if vocab_size < GPT2_N_VOCAB:
-        raise ModelError(f"a random-weight model uses the GPT-2 tokenizer and needs vocab_size >= {GPT2_N_VOCAB}")
-    encoding = load_gpt2()
-    return Prompter("gpt2", lambda text: encoding.encode(text, allowed_special=set()))
-
 
 # Whether a checkpoint ships a tokenizer at all (else prompts use GPT-2's), and which of its files are JSON that
 # must parse: each is read by the strict reader first, so a broken one is refused by name.
@@ -234,9 +44,10 @@ TOKENIZER_JSON_FILES = (
 )
 
 
-def _local_prompter(path: Path) -> Prompter | None:
+def local_prompter(path: Path) -> Prompter | None:
     """The checkpoint's own tokenizer, or None when it ships none; tokenizer files that do not make a working
-    tokenizer are a `ModelError` naming them (never a silent fallback to GPT-2's ids)."""
+    tokenizer are a `ModelError` naming them (never a silent fallback to GPT-2's ids). Also for an engine that loads
+    the checkpoint itself (sim.record --engine vllm)."""
     from jinja2 import TemplateError
     from transformers import AutoTokenizer
 
@@ -274,9 +85,6 @@ def _local_prompter(path: Path) -> Prompter | None:
     return prompter
 
 
-local_prompter = _local_prompter  # for an engine that loads the checkpoint itself (sim.record --engine vllm)
-
-
 def _check_tokenizer_json(path: Path) -> None:
     """The checkpoint's tokenizer JSON files, each strict JSON holding an object."""
     for name in TOKENIZER_JSON_FILES:
@@ -286,7 +94,7 @@ def _check_tokenizer_json(path: Path) -> None:
                 raise ModelError(f"{path / name}: expected a JSON object, got {_json_kind(raw)}")
 
 
-def _eos_ids(path: Path, config) -> tuple[int, ...]:
+def eos_ids(path: Path, config) -> tuple[int, ...]:
     """EOS ids from generation_config.json (what generate() stops on), else from config.json."""
     eos = None
     generation = path / GENERATION_CONFIG
@@ -303,103 +111,6 @@ def _eos_ids(path: Path, config) -> tuple[int, ...]:
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise ModelError(f"{path}: eos_token_id must be a token id or a list of them, got {eos!r}")
     return tuple(ids)
-
-
-def load_model(
-    *,
-    arch: str | None = None,
-    path: str | None = None,
-    random_weights: bool = False,
-    device: str | None = None,
-    dtype: str | None = None,
-    seed: int = 0,
-    catalog: dict[str, Any] | None = None,
-) -> LoadedModel:
-    """A model from `arch` (random weights) or from a local checkpoint `path` (its weights, or random ones).
-
-    `catalog` is the record of the catalog entry `path` was resolved from (its draftlab-model.json,
-    `sim.hardware.catalog.record_of`): the model is then recorded by that name, its provenance, license and weight
-    hashes, and not by its cache folder, which differs from machine to machine.
-
-    A checkpoint's configuration, weight files, tokenizer and EOS ids are all checked before its weights are
-    loaded, and once loaded every weight must have been in the files with the shape the configuration gives it.
-    """
-    if (arch is None) == (path is None):
-        raise ModelError("give exactly one of --model PATH or --arch NAME")
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if arch is not None:
-        config = arch_config(arch)
-        model = _random_model(config, dev, dt, seed)
-        prompter = _gpt2_prompter(config.vocab_size)
-        eos: tuple[int, ...] = (GPT2_EOS,)
-        info = {"name": arch, "arch": arch, "weights": f"random (seed {seed})"}
-    else:
-        assert path is not None  # exactly one of arch and path is given (checked above), and arch is None here
-        folder = Path(path)
-        config = checkpoint_config(path)
-        weights = None if random_weights else checkpoint_weights(path, config)
-        prompter = _local_prompter(folder) or _gpt2_prompter(config.vocab_size)
-        eos = _eos_ids(folder, config) or (GPT2_EOS,)
-        if weights is None:
-            model = _random_model(config, dev, dt, seed)
-        else:
-            model = _pretrained(folder, weights, dt)
-            # transformers decorates PreTrainedModel.to with functools.wraps, and typeshed's _Wrapped is no
-            # method descriptor, so mypy takes `dev` for the unbound self (without torch, nothing to ignore).
-            model = model.to(dev)  # type: ignore[arg-type, unused-ignore]
-        info = {
-            "name": folder.name,
-            "path": str(folder),
-            "weights": f"random (seed {seed})" if random_weights else "checkpoint",
-        }
-        if catalog is not None:
-            info = {"name": catalog["name"], **_catalog_info(catalog, random_weights), "weights": info["weights"]}
-            if prompter.name != "gpt2":  # its own tokenizer, named by the model rather than by this cache's path
-                prompter.name = f"{catalog['name']} (its own tokenizer and chat template)"
-    model.eval()
-    info.update(
-        {
-            "model_type": config.model_type,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "config_sha256": _config_sha256(config),
-            "dtype": str(dt).removeprefix("torch."),
-            "device": device_name(dev),
-            "attention": model.config._attn_implementation,
-        }
-    )
-    return LoadedModel(model, dev, dt, eos, prompter, info)
-
-
-def _catalog_info(recorded: dict[str, Any], random_weights: bool) -> dict[str, Any]:
-    """What a catalog checkpoint's record says of where it came from, for every result recorded from it:
-    provenance, license, the hashes of its source and weights, and what its weights are (SmolLM2's are Q4_1 values
-    de-quantized, which its margins must say); with random weights, only where the architecture is from."""
-    keys = ("provenance", "license", "package", "version", "gguf_sha256", "safetensors_sha256")
-    found = {"catalog": recorded.get("name"), **{k: recorded.get(k) for k in keys}}
-    if not random_weights:
-        found["checkpoint_weights"] = recorded.get("weights")
-    return found
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    return f"cpu: {_cpu_model()} ({torch.get_num_threads()} torch threads)"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 # ---------------------------------------------------------------- checkpoints: every file checked before loading
@@ -583,7 +294,7 @@ def _unpickling_detail(err: BaseException) -> str:
     return "; ".join(kept)[:200] or "not a pickle of tensors"
 
 
-def _pretrained(folder: Path, weights: Weights, dtype: torch.dtype):
+def pretrained(folder: Path, weights: Weights, dtype: torch.dtype):
     """The checkpoint's weights in its architecture: every weight of the model from the files, with the shape the
     configuration gives it, and nothing in the files that the model lacks."""
     try:
@@ -630,6 +341,6 @@ def check_checkpoint(path: str, random_weights: bool) -> Any:
     config = checkpoint_config(path)
     if not random_weights:
         checkpoint_weights(path, config)
-    _eos_ids(Path(path), config)
+    eos_ids(Path(path), config)
     _check_tokenizer_json(Path(path))
     return config

@@ -77,7 +77,7 @@ def groups(largest: int) -> list[int]:
 def engine_settings(model: str, k: int, max_num_seqs: int, max_model_len: int, seed: int) -> dict[str, Any]:
     """vllm.LLM's arguments: sim/hardware/vllm_engine.py's, the scheduler's limits and the serving executor."""
     from policies.vllm import VllmParams
-    from sim.hardware import vllm_engine
+    from sim.hardware.vllm import engine as vllm_engine
 
     params = (
         VllmParams(num_speculative_tokens=k, prompt_lookup_min=LOOKUP[0], prompt_lookup_max=LOOKUP[1]) if k else None
@@ -98,7 +98,7 @@ def engine_settings(model: str, k: int, max_num_seqs: int, max_model_len: int, s
 def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int) -> dict[str, Any]:
     """Every step of one engine speculating k tokens (0: none), timed, with its composition; run in a fresh
     process (`in_fresh_process`)."""
-    from sim.hardware.vllm_engine import import_vllm
+    from sim.hardware.vllm.engine import import_vllm
 
     vllm = import_vllm()
     largest = max(lengths.values())
@@ -219,7 +219,7 @@ def grid(tokens: list[int]) -> tuple[int, ...]:
 
 def measure(model: str, ks: tuple[int, ...], lengths: dict[int, int], seed: int) -> list[dict[str, Any]]:
     """`engine_samples` for every K, each engine in a process of its own."""
-    from sim.hardware.vllm_engine import in_fresh_process
+    from sim.hardware.vllm.engine import in_fresh_process
 
     out = []
     for k in ks:
@@ -265,10 +265,9 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
 
     from sim.core.io import write_atomic_all
     from sim.engine.serving_costs import dump_serving_profile, serving_profile_from_text
-    from sim.hardware.loading import checkpoint_path
-    from sim.hardware.model import _cpu_model
-    from sim.hardware.options import check_outputs, naming
-    from sim.hardware.vllm_engine import model_info, require_vllm
+    from sim.hardware.options import check_outputs, checkpoint_path, naming
+    from sim.hardware.provenance import cpu_model
+    from sim.hardware.vllm.engine import model_info, require_vllm
 
     if args.engine != "vllm":
         raise UserError("--serving measures a real vLLM engine's batched steps: give --engine vllm with it")
@@ -295,7 +294,7 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
     command = "python -m sim.measure " + shlex.join(argv)
     meta = {
         "model": f"{info['name']} (float32 in vLLM; {info.get('provenance') or info.get('path')})",
-        "machine": f"cpu: {_cpu_model()}; vLLM {version} (eager, float32, executor {EXECUTOR}), "
+        "machine": f"cpu: {cpu_model()}; vLLM {version} (eager, float32, executor {EXECUTOR}), "
         f"torch {torch.__version__}",
         "date": datetime.date.today().isoformat(),
         "source": f"measured by `{command}`: vLLM engine-core steps timed one by one, n-gram K in "

@@ -163,10 +163,10 @@ def model_info(name: str, path: Path) -> dict[str, Any]:
     import hashlib
 
     from sim.hardware import catalog
-    from sim.hardware.model import _catalog_info
+    from sim.hardware.provenance import catalog_info
 
     if name in catalog.CATALOG:
-        return {"name": name, **_catalog_info(catalog.info(name), False)}
+        return {"name": name, **catalog_info(catalog.info(name), False)}
     config = path / "config.json"
     digest = hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
     return {"name": path.name, "path": str(path), "config_sha256": digest}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from sim.hardware.model import LoadedModel
+from sim.hardware.torch.model import LoadedModel
 
 
 @dataclass
@@ -156,7 +156,7 @@ class TorchTarget:
     def is_eos(self, token: int) -> bool:
         return token in self.eos_ids
 
-    # ------------------------------------------------------------- measurement helpers (sim.hardware.measure)
+    # ------------------------------------------------------------- measurement helpers (sim.hardware.torch.measure)
 
     @property
     def cache_length(self) -> int:

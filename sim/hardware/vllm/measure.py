@@ -41,7 +41,7 @@ def prompts(n: int) -> dict[str, list[int]]:
 def step_samples(model: str, k: int, contexts: list[int], steps: int, rounds: int, seed: int) -> list[list[Any]]:
     """[context, width, ms] per decode step of an engine speculating k tokens; run in a fresh process."""
     from policies.vllm import VllmParams
-    from sim.hardware.vllm_engine import Engine
+    from sim.hardware.vllm.engine import Engine
 
     params = VllmParams(num_speculative_tokens=k, prompt_lookup_min=LOOKUP[0], prompt_lookup_max=LOOKUP[1])
     engine = Engine(model, params, max(contexts) + steps + k + 8, seed)
@@ -70,7 +70,7 @@ def step_samples(model: str, k: int, contexts: list[int], steps: int, rounds: in
 
 def plain_samples(model: str, contexts: list[int], steps: int, rounds: int, seed: int) -> dict[str, Any]:
     """Per context: P (ms per token after the first, plain decoding) and prefill samples; in a fresh process."""
-    from sim.hardware.vllm_engine import Engine
+    from sim.hardware.vllm.engine import Engine
 
     engine = Engine(model, None, max(contexts) + steps + 8, seed)
     per_token: dict[int, list[float]] = defaultdict(list)
@@ -88,7 +88,7 @@ def plain_samples(model: str, contexts: list[int], steps: int, rounds: int, seed
 
 def measure(model: str, max_width: int, contexts: list[int], steps: int, rounds: int, seed: int) -> dict[str, Any]:
     """Samples by (context, width), plain decoding's P and prefill samples by context."""
-    from sim.hardware.vllm_engine import in_fresh_process
+    from sim.hardware.vllm.engine import in_fresh_process
 
     plain = in_fresh_process(plain_samples, model, contexts, steps, rounds, seed)
     sync: dict[int, dict[int, list[float]]] = {n: defaultdict(list) for n in contexts}
@@ -117,7 +117,7 @@ def profile_data(m: dict[str, Any], name: str, model: str, machine: str, command
     """A format-v2 profile (v1 with one context): S(w) and P by context, prefill fitted over the contexts."""
     import datetime
 
-    from sim.hardware.measure import fit_prefill
+    from sim.hardware.metering import fit_prefill
 
     contexts = sorted(m["sync"])
     sync = [[round(statistics.median(m["sync"][n][w]), 4) for w in sorted(m["sync"][n])] for n in contexts]
