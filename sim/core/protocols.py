@@ -202,6 +202,15 @@ class Engine:
             return not issubclass(cls, EngineSettings)
         return issubclass(cls, EngineSettings) and cls.name == self.configuration
 
+    # The engine's loop, decode(target, governor, settings, prompt, max_tokens, drafter, keep_iterations) ->
+    # LoopResult: one request decoded until its stop rules end it; `settings` is what `settings()` reads of a
+    # configuration.
+    decode: ClassVar[Callable[..., Any]]
+
+    def settings(self, config: EngineConfig) -> Any:
+        """What the engine's loop reads of a configuration: the loop parameters, unless the engine says otherwise."""
+        return config.loop
+
     def run(
         self,
         target: Target,
@@ -212,8 +221,8 @@ class Engine:
         drafter: Drafter,
         keep_iterations: bool = False,
     ) -> Any:  # sim.engine.actions.LoopResult
-        """Decode one request until its stop rules end it; counters, action log and tokens."""
-        raise NotImplementedError
+        """Decode one request under `config`: counters, action log and tokens."""
+        return type(self).decode(target, governor, self.settings(config), prompt, max_tokens, drafter, keep_iterations)
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other)

@@ -10,31 +10,11 @@ semantics is a sibling of this file, written against the same protocols and regi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from sim.core.params import NO_CAP, LoopParams
-from sim.core.protocols import Drafter, Engine, EngineConfig, Governor, Target, settle, watches_context
+from sim.core.protocols import Drafter, Engine, Governor, Target, settle, watches_context
 from sim.engine.actions import READ, STEP, LoopResult
 from sim.engine.registry import register
-
-
-@register("mlxcel")
-class Mlxcel(Engine):
-    """mlxcel's loop replays every governor (the default engine); its configuration is the loop's parameters."""
-
-    summary = "the default; governors"
-
-    def run(
-        self,
-        target: Target,
-        governor: Governor[Any],
-        config: EngineConfig,
-        prompt: Sequence[int],
-        max_tokens: int | None,
-        drafter: Drafter,
-        keep_iterations: bool = False,
-    ) -> LoopResult:
-        return run(target, governor, config.loop, prompt, max_tokens, drafter, keep_iterations=keep_iterations)
 
 
 def run(  # noqa: C901  (the seven steps of docs/loop.md, in order, in one place on purpose)
@@ -179,3 +159,11 @@ def walk(target: Target, proposal: list[int], context: list[int], room: int) -> 
         else:
             break
     return accepted, landed, False
+
+
+@register("mlxcel")
+class Mlxcel(Engine):
+    """mlxcel's loop replays every governor (the default engine); its configuration is the loop's parameters."""
+
+    summary = "the default; governors"
+    decode = staticmethod(run)

@@ -218,15 +218,7 @@ class Vllm(Engine):
     streams = False
     scheduler = "vllm-v1"  # many requests at once: sim/engine/serving/vllm_v1.py, stepping each as replay does
     request = VllmRequest
+    decode = staticmethod(run)
 
-    def run(
-        self,
-        target: Target,
-        governor: Governor[Any],
-        config: EngineConfig,
-        prompt: Sequence[int],
-        max_tokens: int | None,
-        drafter: Drafter,
-        keep_iterations: bool = False,
-    ) -> LoopResult:
-        return run(target, governor, config.params.max_model_len, prompt, max_tokens, drafter, keep_iterations)
+    def settings(self, config: EngineConfig) -> int | None:
+        return config.params.max_model_len  # the loop's settings are vLLM's keys: the context limit is the one it reads
