@@ -2,7 +2,7 @@
 
 Reads the study spec (sim/tuning/spec.py), checks every input and output before
 writing anything, opens or continues the optuna study in its storage
-(sim/tuning/storage.py), runs trials (sim/tuning/search.py) until this
+(sim/tuning/storage/), runs trials (sim/tuning/search.py) until this
 invocation has started its --n-trials (or the study holds --max-trials, or
 --timeout passes), then writes the report folder, beside the storage by default
 (runs/NAME/ for the default runs/NAME.db): best.yaml, report.md and plots
@@ -189,9 +189,9 @@ def _tune(args: argparse.Namespace) -> int:
         from sim.tuning.search import Limits, prepare, run_workers
         from sim.tuning.serving import ServingSpec, load_study
         from sim.tuning.spec import check_widths, default_out
-        from sim.tuning.storage_checks import check_storage
-        from sim.tuning.storage_errors import storage_error
-        from sim.tuning.storage_url import check_form, parallel_storage, redacted, storage_file
+        from sim.tuning.storage.checks import check_storage
+        from sim.tuning.storage.errors import storage_error
+        from sim.tuning.storage.url import check_form, parallel_storage, redacted, storage_file
         from sim.tuning.validation import studies, training
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -291,9 +291,9 @@ def _tune_serving(args: argparse.Namespace, spec: ServingSpec) -> int:
     from sim.tuning.serving import ServingEvaluator, refuse_workers, run_trials
     from sim.tuning.serving_report import write_serving_report
     from sim.tuning.spec import default_out
-    from sim.tuning.storage_checks import check_storage
-    from sim.tuning.storage_errors import storage_error
-    from sim.tuning.storage_url import check_form, storage_file
+    from sim.tuning.storage.checks import check_storage
+    from sim.tuning.storage.errors import storage_error
+    from sim.tuning.storage.url import check_form, storage_file
 
     refuse_workers(spec, args.workers)
     storage_url = args.storage or spec.storage

@@ -28,8 +28,8 @@ from sim.plot import main as plot_main
 from sim.tune import main
 from sim.tuning import assess
 from sim.tuning.spec import default_out, load_spec, shell_glob, trace_arguments
-from sim.tuning.storage import main_study
-from sim.tuning.storage_url import parallel_storage, same_storage, storage_file, storage_kind
+from sim.tuning.storage.factory import main_study
+from sim.tuning.storage.url import parallel_storage, same_storage, storage_file, storage_kind
 
 TRACES = [str(ROOT / "traces" / "email.jsonl"), str(ROOT / "traces" / "edit_json.jsonl")]
 THREE = [*TRACES, str(ROOT / "traces" / "story.jsonl")]

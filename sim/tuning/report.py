@@ -48,7 +48,7 @@ from sim.tuning import trials as stored
 from sim.tuning.evaluation import MatrixEvaluator, Progress, constraint_values, score
 from sim.tuning.search import stored_rows
 from sim.tuning.spec import DEFAULT_GROUP, Fold, StudySpec, default_out, trace_arguments
-from sim.tuning.storage_url import redacted, same_storage, storage_kind
+from sim.tuning.storage.url import redacted, same_storage, storage_kind
 from sim.tuning.validation import fold_name, training
 
 FIGURES = {

@@ -24,14 +24,14 @@ from sim.core.errors import ConfigError, ProfileError, UserError
 from sim.core.io import naming
 from sim.core.stops import STOPS
 from sim.rows.replay import ReplayRow
-from sim.tuning import optuna_private
 from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
-from sim.tuning.heartbeat import heartbeat
-from sim.tuning.locks import TrialGate
 from sim.tuning.spec import StudySpec, load_spec
-from sim.tuning.storage import open_storage
-from sim.tuning.storage_errors import reading
-from sim.tuning.storage_url import storage_file
+from sim.tuning.storage import optuna_private
+from sim.tuning.storage.errors import reading
+from sim.tuning.storage.factory import open_storage
+from sim.tuning.storage.heartbeat import heartbeat
+from sim.tuning.storage.locks import TrialGate
+from sim.tuning.storage.url import storage_file
 from sim.tuning.validation import studies, training
 
 GATE_MARGIN = 64  # the last trials before a cap are created one worker at a time; see ask_below

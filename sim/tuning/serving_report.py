@@ -46,7 +46,7 @@ from sim.tuning.serving import (
     scores,
 )
 from sim.tuning.spec import default_out
-from sim.tuning.storage_url import redacted, storage_kind
+from sim.tuning.storage.url import redacted, storage_kind
 
 CONFIRM_SCRIPT = "benchmarks/serving_closed_loop.py"  # the closed-loop hardware benchmark the plan names
 TOP = 10  # trials the top table lists

@@ -34,7 +34,7 @@ from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterFamily, drafter_class
 from sim.engine.costs import bundled_profiles
 from sim.rows.config import PolicyConfig, make_config
-from sim.tuning.storage_url import check_form, storage_file
+from sim.tuning.storage.url import check_form, storage_file
 
 OBJECTIVES = {
     "geomean_speedup": "geometric mean of the speedup over every trace x profile row (groups weighted)",
