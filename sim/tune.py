@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from sim import cli
 
 if TYPE_CHECKING:
-    from sim.tuning.serving import ServingSpec
+    from sim.tuning.specs.serving import ServingSpec
 
 MAX_TRIALS = 10**9  # as sim.tuning.spec.MAX_TRIALS
 MAX_WORKERS = 256
@@ -184,11 +184,13 @@ def _tune(args: argparse.Namespace) -> int:
         from sim.core.io import check_writable_folder, naming, refuse_inputs_as_outputs
         from sim.engine.costs import resolve
         from sim.figures.study_figures import write_report_figures
-        from sim.tuning.evaluation import MatrixEvaluator
+        from sim.tuning.evaluate.replay import MatrixEvaluator
         from sim.tuning.report import FIGURES, check_report_folder, write_report
         from sim.tuning.search import Limits, prepare, run_workers
-        from sim.tuning.serving import ServingSpec, load_study
-        from sim.tuning.spec import check_widths, default_out
+        from sim.tuning.specs.common import default_out
+        from sim.tuning.specs.load import load_study
+        from sim.tuning.specs.replay import check_widths
+        from sim.tuning.specs.serving import ServingSpec
         from sim.tuning.storage.checks import check_storage
         from sim.tuning.storage.errors import storage_error
         from sim.tuning.storage.url import check_form, parallel_storage, redacted, storage_file
@@ -286,11 +288,11 @@ def _tune_serving(args: argparse.Namespace, spec: ServingSpec) -> int:
     from sim.core.io import check_writable_folder, naming, refuse_inputs_as_outputs
     from sim.engine.serving_costs import resolve_serving
     from sim.figures.study_figures import write_report_figures
+    from sim.tuning.evaluate.serving import ServingEvaluator
     from sim.tuning.report import FIGURES, check_report_folder
-    from sim.tuning.search import Limits, prepare
-    from sim.tuning.serving import ServingEvaluator, refuse_workers, run_trials
+    from sim.tuning.search import Limits, prepare, refuse_workers, run_serving_trials
     from sim.tuning.serving_report import write_serving_report
-    from sim.tuning.spec import default_out
+    from sim.tuning.specs.common import default_out
     from sim.tuning.storage.checks import check_storage
     from sim.tuning.storage.errors import storage_error
     from sim.tuning.storage.url import check_form, storage_file
@@ -321,7 +323,7 @@ def _tune_serving(args: argparse.Namespace, spec: ServingSpec) -> int:
             study, held, invocation = prepare(spec, storage_url, args.heartbeat, run)
             if own != 0:
                 try:
-                    run_trials(
+                    run_serving_trials(
                         spec, evaluator, storage_url, limits, invocation, args.heartbeat, args.sleep_per_trial, held
                     )
                 except KeyboardInterrupt:

@@ -27,7 +27,9 @@ from sim.core.io import check_writable_folder, naming
 from sim.plot import main as plot_main
 from sim.tune import main
 from sim.tuning import assess
-from sim.tuning.spec import default_out, load_spec, shell_glob, trace_arguments
+from sim.tuning.specs.common import default_out
+from sim.tuning.specs.matrix import shell_glob
+from sim.tuning.specs.replay import load_spec, trace_arguments
 from sim.tuning.storage.factory import main_study
 from sim.tuning.storage.url import parallel_storage, same_storage, storage_file, storage_kind
 

@@ -30,7 +30,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from sim.tune import main as tune_main
-from sim.tuning.evaluation import MatrixEvaluator
+from sim.tuning.evaluate.replay import MatrixEvaluator
 from sim.tuning.storage import optuna_private
 from sim.tuning.storage.factory import open_storage
 from sim.tuning.storage.heartbeat import heartbeat

@@ -45,9 +45,11 @@ from sim.rows.headroom import headroom_share, row_oracle_ms
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
 from sim.tuning import trials as stored
-from sim.tuning.evaluation import MatrixEvaluator, Progress, constraint_values, score
-from sim.tuning.search import stored_rows
-from sim.tuning.spec import DEFAULT_GROUP, Fold, StudySpec, default_out, trace_arguments
+from sim.tuning.evaluate.replay import MatrixEvaluator, Progress, constraint_values, score, stored_rows
+from sim.tuning.specs.common import default_out
+from sim.tuning.specs.folds import Fold
+from sim.tuning.specs.matrix import DEFAULT_GROUP
+from sim.tuning.specs.replay import StudySpec, trace_arguments
 from sim.tuning.storage.url import redacted, same_storage, storage_kind
 from sim.tuning.validation import fold_name, training
 

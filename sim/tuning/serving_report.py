@@ -28,6 +28,7 @@ from sim.core.errors import ConfigError
 from sim.core.io import naming, write_atomic
 from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning import trials as stored
+from sim.tuning.evaluate.serving import ServingEvaluator, constraint_values, level_score, score, scores
 from sim.tuning.report import (
     FigureWriter,
     _counts,
@@ -36,16 +37,8 @@ from sim.tuning.report import (
     dashboard_command,
     write_best,
 )
-from sim.tuning.serving import (
-    OBJECTIVES,
-    ServingEvaluator,
-    ServingSpec,
-    constraint_values,
-    level_score,
-    score,
-    scores,
-)
-from sim.tuning.spec import default_out
+from sim.tuning.specs.common import default_out
+from sim.tuning.specs.serving import OBJECTIVES, ServingSpec
 from sim.tuning.storage.url import redacted, storage_kind
 
 CONFIRM_SCRIPT = "benchmarks/serving_closed_loop.py"  # the closed-loop hardware benchmark the plan names
