@@ -185,7 +185,8 @@ def _tune(args: argparse.Namespace) -> int:
         from sim.engine.costs import resolve
         from sim.figures.study_figures import write_report_figures
         from sim.tuning.evaluate.replay import MatrixEvaluator
-        from sim.tuning.report import FIGURES, check_report_folder, write_report
+        from sim.tuning.reports.common import FIGURES, check_report_folder
+        from sim.tuning.reports.replay import write_report
         from sim.tuning.search import Limits, prepare, run_workers
         from sim.tuning.specs.common import default_out
         from sim.tuning.specs.load import load_study
@@ -289,9 +290,9 @@ def _tune_serving(args: argparse.Namespace, spec: ServingSpec) -> int:
     from sim.engine.serving_costs import resolve_serving
     from sim.figures.study_figures import write_report_figures
     from sim.tuning.evaluate.serving import ServingEvaluator
-    from sim.tuning.report import FIGURES, check_report_folder
+    from sim.tuning.reports.common import FIGURES, check_report_folder
+    from sim.tuning.reports.serving import write_serving_report
     from sim.tuning.search import Limits, prepare, refuse_workers, run_serving_trials
-    from sim.tuning.serving_report import write_serving_report
     from sim.tuning.specs.common import default_out
     from sim.tuning.storage.checks import check_storage
     from sim.tuning.storage.errors import storage_error

@@ -431,7 +431,7 @@ def test_the_report_says_it_is_being_written_and_shows_the_progress_of_slow_stag
     """`writing report ...` on stderr before the report exists; a stage that takes more than a second (here the
     oracle column, slowed down) shows a progress bar; a matrix of more than MANY_ROWS rows says it is loading."""
     import sim.tune
-    import sim.tuning.report as report
+    import sim.tuning.reports.replay_findings as report
 
     monkeypatch.chdir(tmp_path)
     real = report.row_oracle_ms

@@ -1,7 +1,7 @@
 """A serving study's report folder: report.md, best.yaml and PNG plots, from the study's storage.
 
-As sim/tuning/report.py does for replay studies, everything here is a function of the stored trials, the spec and
-its inputs (never wall-clock times), so the same study gives byte-identical files. The best, the baseline and
+As sim/tuning/reports/replay.py does for replay studies, everything here is a function of the stored trials, the spec
+and its inputs (never wall-clock times), so the same study gives byte-identical files. The best, the baseline and
 `none` are served again here at every load level (the serving model is deterministic: the best's rows equal those
 its trial stored), and again at each holdout seed's arrivals, which no trial saw. best.yaml carries the policy and
 its parameters, the vLLM `speculative_config` and TensorRT-LLM settings that run it, and the hashes of every input.
@@ -29,15 +29,18 @@ from sim.core.io import naming, write_atomic
 from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning import trials as stored
 from sim.tuning.evaluate.serving import ServingEvaluator, constraint_values, level_score, score, scores
-from sim.tuning.report import (
+from sim.tuning.reports.common import (
     FigureWriter,
-    _counts,
-    _importances_section,
-    _plots_section,
+    counts,
     dashboard_command,
+    importances_section,
+    plots_section,
+    ranked_importances,
+    rebuild,
+    remove_stale_best,
+    reproduce_flags,
     write_best,
 )
-from sim.tuning.specs.common import default_out
 from sim.tuning.specs.serving import OBJECTIVES, ServingSpec
 from sim.tuning.storage.url import redacted, storage_kind
 
@@ -189,7 +192,7 @@ def _head(spec: ServingSpec, evaluator: ServingEvaluator, trials: list[FrozenTri
         f"model's recurrence driver; scheduler {json.dumps(asdict(spec.scheduler), sort_keys=True)}; drafter "
         f"{json.dumps(spec.drafter_keys, sort_keys=True)}; slo {slo}.",
         "",
-        _counts(trials) + ".",
+        counts(trials) + ".",
         "",
     ]
 
@@ -344,13 +347,8 @@ def _provenance(
     spec: ServingSpec, evaluator: ServingEvaluator, study: optuna.Study, storage: str, out: Path, has_best: bool
 ) -> list[str]:
     storage = redacted(storage)
-    where = "" if storage == spec.storage else f" --storage {storage}"
-    where += "" if storage == spec.storage and Path(out) == default_out(spec.name, storage) else f" --out {out}"
-    rebuild = []
-    for run in study.user_attrs.get("invocations", []):
-        flags = f" --n-trials {run['n_trials']}" if run.get("n_trials") is not None else ""
-        flags += f" --max-trials {run['max_trials']}" if run.get("max_trials") else ""
-        rebuild.append(f"    python -m sim.tune {spec.path}{flags}{where}")
+    where = reproduce_flags(spec.name, spec.storage, storage, out)
+    commands = rebuild(spec.path, study.user_attrs.get("invocations", []), where)  # one worker: no --workers
     journal = " (a journal storage)" if storage_kind(storage) == "journal" else ""
     lines = [
         "## Reproduce",
@@ -358,7 +356,7 @@ def _provenance(
         f"The storage ({storage}) is not committed. Where it does not exist yet, these commands rebuild this folder "
         f"trial for trial, byte for byte (seeded sampler, deterministic serving model){journal}:",
         "",
-        *rebuild,
+        *commands,
         "",
         "Then:",
         "",
@@ -418,7 +416,7 @@ def write_serving_report(
     out.mkdir(parents=True, exist_ok=True)
     trials = study.get_trials(deepcopy=False)
     found = stored.importances(study)
-    ranked = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
+    ranked = ranked_importances(found)
     best = stored.best_trial(study)
     none = evaluator.none()
     base = serve_all(spec, evaluator, Variant(**{**asdict(spec.baseline), "label": f"baseline {spec.baseline.label}"}))
@@ -429,9 +427,7 @@ def write_serving_report(
     if draw is not None:
         figures = _figures(spec, study, out, served, none, found, draw)
     stale = out / "best.yaml"
-    removed = best is None and (stale.exists() or stale.is_symlink())
-    if removed:  # no configuration may be mistaken for this study's best: one unlink, atomic
-        stale.unlink()
+    removed = remove_stale_best(out, best)
 
     base_value = score(spec.objective, base.rows, none)
     if best is None or top is None:
@@ -460,8 +456,8 @@ def write_serving_report(
         "## Top feasible trials",
         "",
         *_top(spec, trials, spec.first_trial()),
-        *_importances_section(ranked),
-        *_plots_section(figures),
+        *importances_section(ranked),
+        *plots_section(figures),
         *(_confirm_section(spec, served, none) if top is not None else []),
         *_provenance(spec, evaluator, study, storage, out, best is not None),
     ]
