@@ -55,7 +55,7 @@ def sampler_seed(seed: int, invocation: int, worker: int) -> int:
 
 class Searched(Protocol):
     """What the trial loop needs of a spec: a replay study's (StudySpec) or a serving study's
-    (sim/tuning/serving.py's ServingSpec)."""
+    (sim/tuning/specs/serving.py's ServingSpec)."""
 
     @property
     def name(self) -> str: ...
@@ -178,7 +178,7 @@ def run_study(
     tally: Tally,
 ) -> None:
     """`work` for any evaluation: `objective` runs one trial (its values; optuna.TrialPruned for a point no
-    engine can run). A serving study (sim/tuning/serving.py) runs its trials through here."""
+    engine can run). A serving study (sim/tuning/specs/serving.py) runs its trials through here."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url, heartbeat_s)
     with reading(storage_url):
