@@ -25,8 +25,6 @@ FIGURES = {
     "pareto": "Pareto front",
     "rows": "per-row speedup",
 }  # alt text of each PNG sim.plot can draw, by file stem
-
-
 # What draws the report's PNGs into its folder: (study, out, the rows figure's (label, rows) series, the
 # min_row_speedup limit, importances(study)) -> (file names written, a note per figure skipped). The caller passes
 # it (sim.tune: sim.figures.study_figures.write_report_figures): the figures layer sits above tuning, which never
@@ -121,11 +119,7 @@ def write_best(out: Path, mapping: dict[str, Any]) -> None:
 
 # What report.md says of where it comes from: its title names the study, its Reproduce section the storage.
 REPORT_TITLE = re.compile(r"\A# Study `([^`\n]+)`")
-
-
 REPORT_STORAGE = re.compile(r"^The storage \((.*)\) is not committed\.", re.M)
-
-
 BEST_NOTES = re.compile(r"\Astudy (\S+), trial ")
 
 

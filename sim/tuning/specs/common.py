@@ -16,23 +16,11 @@ from sim.tuning.specs.reader import Reader, number
 from sim.tuning.storage.url import check_form, storage_file
 
 SAMPLERS = ("tpe", "nsga2", "random")
-
-
 DIMENSION_KEYS = ("low", "high", "log", "step", "choices")
-
-
 RUNS = "runs"  # a user's studies: storage runs/<name>.db and report runs/<name>/, relative to where they run
-
-
 MAX_TRIALS = 10**9  # no study comes near; a bound keeps a typo from meaning "forever"
-
-
 MAX_TIMEOUT_S = 10**9
-
-
 MAX_SEED = 2**32 - 1  # numpy's RandomState, behind every optuna sampler, takes seeds in 0..2**32-1
-
-
 MAX_CONSTRAINT = 1000.0  # a speedup limit; no row comes near
 
 
@@ -45,8 +33,6 @@ def default_storage(name: str) -> str:
 # --workers uses (runs/NAME.journal.log.writer.flock) and a fold's figure from sim.plot (NAME.fold-K_importances.png,
 # K up to 4 digits). A name must leave room for them in one path component.
 NAME_RESERVE_BYTES = max(len(".journal.log.writer.flock"), len(".fold-9999_importances.png"))
-
-
 REPORT_SUFFIX = ".report"  # the report folder of a storage file without an extension: FILE.report/ beside it
 
 

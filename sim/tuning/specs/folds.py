@@ -12,8 +12,6 @@ from sim.tuning.specs.matrix import DEFAULT_GROUP, TraceGroup
 from sim.tuning.specs.reader import Reader, number
 
 VALIDATION_BY = ("trace", "group", "profile")
-
-
 VALIDATION_METHODS = ("leave_one_out", "kfold")
 
 

@@ -15,35 +15,15 @@ CONSTRAINTS = {
     "min_throughput_ratio": "output tokens/s at least this share of none's at every load level (e.g. 0.98)",
 }
 ARRIVAL_KEYS = ("requests", "duration_s", "burstiness", "seed", "max_tokens")
-
-
 SLO_KEYS = ("ttft_ms", "tpot_ms")
-
-
 MAX_RATES = 32
-
-
 MAX_RATE = 1e6
-
-
 MAX_REQUESTS = 1_000_000  # per level; a trial serves every level, so more would take hours per trial
-
-
 MAX_DURATION_S = 1e7
-
-
 MAX_BURSTINESS = 1e3
-
-
 MAX_ARRIVAL_SEED = 2**63 - 1  # what python -m sim.serve --seed takes
-
-
 MAX_HOLDOUT_SEEDS = 16
-
-
 MAX_MS = 1e9
-
-
 MAX_RATIO = 1000.0
 
 

@@ -105,8 +105,6 @@ def read_traces(
 
 
 SHELL_PLAIN = re.compile(r"[\w@%+=:,./-]")  # characters a POSIX shell reads as themselves, unquoted
-
-
 GLOB_CHARS = "*?[]"  # what glob.glob and the shell both expand; left unescaped so the shell expands them
 
 

@@ -52,14 +52,8 @@ OBJECTIVES = {
     "cvar_speedup": "the mean of the lowest robust.quantile share of the row speedups (CVaR; groups weighted)",
     "jitter_geomean": "the geomean under robust.jitter lognormal noise on every time, averaged over robust.seeds",
 }
-
-
 ENGINES = ("mlxcel", "vllm")
-
-
 CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
-
-
 KEYS = {
     "name": "study name: the optuna study and the report folder runs/<name>/",
     "policy": "registered policy family to tune (with engine: vllm, vllm or left out)",
@@ -123,8 +117,6 @@ class ConfirmPlan:
 
 
 CONFIRM_BOUNDS = {"noise": Bound(0.0001, 1.0), "power": Bound(0.5, 0.99)}
-
-
 # The spec's small sections of numbers: key -> (its dataclass, each field's bounds; their order is the order the
 # errors list the allowed keys in).
 SECTIONS: dict[str, tuple[type, dict[str, Bound]]] = {

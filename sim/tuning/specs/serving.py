@@ -46,8 +46,6 @@ OBJECTIVES = {
     "goodput": "arithmetic mean over the load levels of goodput (requests/s within the slo) divided by none's; "
     "a level where none's goodput is 0 scores 1 + the share of its requests the trial serves within the slo",
 }
-
-
 KEYS = {
     "traces": "list of trace globs: the recorded requests each arrival draws one of",
     "profile": "serving cost profile: a bundled name (traces/profiles/serving/) or a YAML path",
@@ -64,8 +62,6 @@ KEYS = {
     "holdout_seeds": "arrival seeds the report serves the best, the baseline and none again at (validation)",
     "confirm_rates": "the load levels the confirmation plan names, among rates (default: the lowest and the highest)",
 }
-
-
 # The top-level keys of a replay study that mean nothing to a serving one, and where their meaning went.
 REPLAY_ONLY = {
     "traces": "a serving study lists its traces in serving/traces",
@@ -80,8 +76,6 @@ REPLAY_ONLY = {
     "bootstrap": "belongs to replay studies (trace x profile rows); a serving study has none",
     "confirm": "belongs to replay studies; a serving study's plan names serving/confirm_rates",
 }
-
-
 TOP_KEYS = (
     "name",
     "policy",
@@ -95,8 +89,6 @@ TOP_KEYS = (
     "storage",
     "notes",
 )
-
-
 # vLLM's documented n-gram example, as python -m sim.serve's default drafter: matching 2- to 3-grams.
 DEFAULT_DRAFTER = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}
 
