@@ -29,18 +29,7 @@ from sim.core.io import naming, write_atomic
 from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning import trials as stored
 from sim.tuning.evaluate.serving import ServingEvaluator, constraint_values, level_score, score, scores
-from sim.tuning.reports.common import (
-    FigureWriter,
-    counts,
-    dashboard_command,
-    importances_section,
-    plots_section,
-    ranked_importances,
-    rebuild,
-    remove_stale_best,
-    reproduce_flags,
-    write_best,
-)
+from sim.tuning.reports import common as shared  # the pieces both kinds' reports share
 from sim.tuning.specs.serving import OBJECTIVES, ServingSpec
 from sim.tuning.storage.url import redacted, storage_kind
 
@@ -192,7 +181,7 @@ def _head(spec: ServingSpec, evaluator: ServingEvaluator, trials: list[FrozenTri
         f"model's recurrence driver; scheduler {json.dumps(asdict(spec.scheduler), sort_keys=True)}; drafter "
         f"{json.dumps(spec.drafter_keys, sort_keys=True)}; slo {slo}.",
         "",
-        counts(trials) + ".",
+        shared.counts(trials) + ".",
         "",
     ]
 
@@ -347,8 +336,8 @@ def _provenance(
     spec: ServingSpec, evaluator: ServingEvaluator, study: optuna.Study, storage: str, out: Path, has_best: bool
 ) -> list[str]:
     storage = redacted(storage)
-    where = reproduce_flags(spec.name, spec.storage, storage, out)
-    commands = rebuild(spec.path, study.user_attrs.get("invocations", []), where)  # one worker: no --workers
+    where = shared.reproduce_flags(spec.name, spec.storage, storage, out)
+    commands = shared.rebuild(spec.path, study.user_attrs.get("invocations", []), where)  # one worker: no --workers
     journal = " (a journal storage)" if storage_kind(storage) == "journal" else ""
     lines = [
         "## Reproduce",
@@ -361,7 +350,7 @@ def _provenance(
         "Then:",
         "",
         f"    python -m sim.tune {spec.path}{where}     # continues the study in {storage}",
-        f"    {dashboard_command(storage)}",
+        f"    {shared.dashboard_command(storage)}",
         "",
         f"Sampler {spec.sampler}, seed {spec.seed}. optuna {optuna.__version__}, Python "
         f"{sys.version_info.major}.{sys.version_info.minor}.",
@@ -408,7 +397,7 @@ def write_serving_report(
     study: optuna.Study,
     storage: str,
     out: Path,
-    draw: FigureWriter | None = None,
+    draw: shared.FigureWriter | None = None,
 ) -> str:
     """report.md, best.yaml (when a feasible trial exists; an earlier one is removed otherwise) and the PNGs
     (`draw`: sim.tune passes sim.figures.study_figures.write_report_figures); returns the one-paragraph summary."""
@@ -416,7 +405,7 @@ def write_serving_report(
     out.mkdir(parents=True, exist_ok=True)
     trials = study.get_trials(deepcopy=False)
     found = stored.importances(study)
-    ranked = ranked_importances(found)
+    ranked = shared.ranked_importances(found)
     best = stored.best_trial(study)
     none = evaluator.none()
     base = serve_all(spec, evaluator, Variant(**{**asdict(spec.baseline), "label": f"baseline {spec.baseline.label}"}))
@@ -427,7 +416,7 @@ def write_serving_report(
     if draw is not None:
         figures = _figures(spec, study, out, served, none, found, draw)
     stale = out / "best.yaml"
-    removed = remove_stale_best(out, best)
+    removed = shared.remove_stale_best(out, best)
 
     base_value = score(spec.objective, base.rows, none)
     if best is None or top is None:
@@ -456,15 +445,15 @@ def write_serving_report(
         "## Top feasible trials",
         "",
         *_top(spec, trials, spec.first_trial()),
-        *importances_section(ranked),
-        *plots_section(figures),
+        *shared.importances_section(ranked),
+        *shared.plots_section(figures),
         *(_confirm_section(spec, served, none) if top is not None else []),
         *_provenance(spec, evaluator, study, storage, out, best is not None),
     ]
     with naming(out / "report.md"):
         write_atomic(out / "report.md", "\n".join(lines))
     if best is not None and top is not None:
-        write_best(out, best_yaml(spec, evaluator, best, top.rows))
+        shared.write_best(out, best_yaml(spec, evaluator, best, top.rows))
     gone = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed else ""
     return f"{summary}\nreport: {out / 'report.md'}{gone}"
 
@@ -476,7 +465,7 @@ def _figures(
     served: Sequence[tuple[str, list[ServingRow]]],
     none: list[ServingRow],
     found: tuple[list[dict[str, float]], str],
-    draw: FigureWriter,
+    draw: shared.FigureWriter,
 ) -> tuple[list[str], list[str]]:
     """history, importances and the per-level figure (each level's share of the objective, over none's: the
     figure's 1.0 line is none) through `draw`."""
