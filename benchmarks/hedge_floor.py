@@ -49,7 +49,7 @@ from sim.core.params import LoopParams  # noqa: E402
 from sim.core.protocols import Draft  # noqa: E402
 from sim.engine.costs import bundled_profiles  # noqa: E402
 from sim.rows.config import PolicyConfig, make_config  # noqa: E402
-from sim.tuning.evaluation import MatrixEvaluator  # noqa: E402
+from sim.tuning.evaluate.replay import MatrixEvaluator  # noqa: E402
 
 MAX_SLOWDOWN = 3.0  # hedge's rule: at most this many times slower than its slowest expert
 

@@ -4,7 +4,7 @@ Matrix: the bundled traces x the four GB10 profiles, as in studies/gated_gb10.ya
 of that study's search space drawn by a seeded random sampler (plus the shipped gated). Measured, median over
 repetitions:
 
-- evaluate:      sim.tuning.evaluation.MatrixEvaluator.evaluate, what a trial runs (loop once per trace,
+- evaluate:      sim.tuning.evaluate.replay.MatrixEvaluator.evaluate, what a trial runs (loop once per trace,
                  the recurrence timing model per row)
 - replay_fast:   sim.rows.replay.replay(..., model=recurrence_timing) per row (the loop once per row)
 - replay_simpy:  sim.rows.replay.replay(...) per row, timed by the simpy model
@@ -52,9 +52,9 @@ from sim.engine.costs import bundled_profiles
 from sim.engine.timing import TimingModel, recurrence_timing, simpy_timing
 from sim.rows.config import PolicyConfig, make_config
 from sim.rows.replay import replay
-from sim.tuning.evaluation import MatrixEvaluator
+from sim.tuning.evaluate.replay import MatrixEvaluator
 from sim.tuning.search import Limits, Tally, prepare, sampler_seed, work
-from sim.tuning.spec import StudySpec, load_spec
+from sim.tuning.specs.replay import StudySpec, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "studies" / "gated_gb10.yaml"

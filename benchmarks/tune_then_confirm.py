@@ -55,8 +55,9 @@ from sim.rows.config import make_config, read_config_file  # noqa: E402
 from sim.rows.replay import geomean  # noqa: E402
 from sim.tuning import stats  # noqa: E402
 from sim.tuning.assess import gain, paired, weighted_effect  # noqa: E402
-from sim.tuning.evaluation import MatrixEvaluator  # noqa: E402
-from sim.tuning.spec import Fold, StudySpec, load_spec  # noqa: E402
+from sim.tuning.evaluate.replay import MatrixEvaluator  # noqa: E402
+from sim.tuning.specs.folds import Fold  # noqa: E402
+from sim.tuning.specs.replay import StudySpec, load_spec  # noqa: E402
 from sim.tuning.validation import split  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"

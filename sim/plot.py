@@ -146,8 +146,8 @@ def _plot(args: argparse.Namespace) -> int:
         # Study figures need optuna; imported here so that round figures stay light.
         from sim.figures.study_figures import FIGURES as STUDY_FIGURES
         from sim.figures.study_figures import write_study_figures
-        from sim.tuning.storage import open_study_and_folds, storage_in
-        from sim.tuning.storage_url import storage_file
+        from sim.tuning.storage.factory import open_study_and_folds, storage_in
+        from sim.tuning.storage.url import storage_file
 
         baseline = _baseline(args.baseline_trial)
         storage = args.storage or storage_in(Path(args.study_dir))

@@ -1,12 +1,12 @@
 """Tune a policy family over traces x profiles: `python -m sim.tune studies/NAME.yaml`.
 
-Reads the study spec (sim/tuning/spec.py), checks every input and output before
+Reads the study spec (sim/tuning/specs/), checks every input and output before
 writing anything, opens or continues the optuna study in its storage
-(sim/tuning/storage.py), runs trials (sim/tuning/search.py) until this
+(sim/tuning/storage/), runs trials (sim/tuning/search.py) until this
 invocation has started its --n-trials (or the study holds --max-trials, or
 --timeout passes), then writes the report folder, beside the storage by default
 (runs/NAME/ for the default runs/NAME.db): best.yaml, report.md and plots
-(sim/tuning/report.py), with a line on stderr and progress while it does.
+(sim/tuning/reports/), with a line on stderr and progress while it does.
 
 Only light modules are imported at the top: optuna and the rest load inside
 the command's body, where Ctrl-C is one line.
@@ -29,9 +29,16 @@ from typing import TYPE_CHECKING
 from sim import cli
 
 if TYPE_CHECKING:
-    from sim.tuning.serving import ServingSpec
+    from pathlib import Path
 
-MAX_TRIALS = 10**9  # as sim.tuning.spec.MAX_TRIALS
+    from sim.tuning.evaluate.replay import MatrixEvaluator
+    from sim.tuning.search import Limits
+    from sim.tuning.specs.replay import StudySpec
+    from sim.tuning.specs.serving import ServingSpec
+
+    Spec = StudySpec | ServingSpec
+
+MAX_TRIALS = 10**9  # as sim.tuning.specs.common.MAX_TRIALS
 MAX_WORKERS = 256
 MANY_ROWS = 100  # loading a matrix this large takes a second or more: a line on stderr says what is happening
 EXIT_WORKER_DIED = 1
@@ -89,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("spec", help="study spec YAML, e.g. studies/gated_gb10.yaml (keys: see sim/tuning/spec.py)")
+    parser.add_argument(
+        "spec", help="study spec YAML, e.g. studies/gated_gb10.yaml (keys: see sim/tuning/specs/replay.py)"
+    )
     parser.add_argument(
         "--n-trials",
         type=cli.int_in(0, MAX_TRIALS),
@@ -176,94 +185,100 @@ def _sigterm_interrupts() -> Iterator[None]:
 def _tune(args: argparse.Namespace) -> int:
     with _sigterm_interrupts():
         # Imported here, inside cli.run: Ctrl-C during these imports is one line, not a traceback.
-        import time
-
         import optuna
-        import sqlalchemy
 
-        from sim.core.io import check_writable_folder, naming, refuse_inputs_as_outputs
-        from sim.engine.costs import resolve
-        from sim.figures.study_figures import write_report_figures
-        from sim.tuning.evaluation import MatrixEvaluator
-        from sim.tuning.report import FIGURES, check_report_folder, write_report
-        from sim.tuning.search import Limits, prepare, run_workers
-        from sim.tuning.serving import ServingSpec, load_study
-        from sim.tuning.spec import check_widths, default_out
-        from sim.tuning.storage_checks import check_storage
-        from sim.tuning.storage_errors import storage_error
-        from sim.tuning.storage_url import check_form, parallel_storage, redacted, storage_file
-        from sim.tuning.validation import studies, training
+        from sim.tuning.specs.load import load_study
+        from sim.tuning.specs.serving import ServingSpec
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         # Everything is checked before the first file is written: a refused command leaves no trace.
         spec = load_study(args.spec)
         if isinstance(spec, ServingSpec):  # a `serving:` spec: the serving model at several loads, its own report
             return _tune_serving(args, spec)
-        asked = args.storage or spec.storage
-        check_form(asked)  # before parallel_storage reads it: a storage string means one thing or is refused
-        storage_url = parallel_storage(asked) if args.workers > 1 else asked  # SQLite is unsafe for parallel writers
-        check_storage(storage_url, writing=True)  # its folder too: it takes files, so no trial runs for nothing
-        # The report goes beside the storage it reports on (runs/NAME/ for the default one): two storages, two folders.
-        out = check_writable_folder(args.out or default_out(spec.name, storage_url), "--out")
-        outputs = [out / "best.yaml", out / "report.md", *(out / f"{kind}.png" for kind in FIGURES)]
-        local = storage_file(storage_url)
-        inputs = [args.spec, *spec.traces, *(resolve(p) for p in spec.profiles), *([local] if local else [])]
-        refuse_inputs_as_outputs(outputs, inputs, "--out")
-        check_report_folder(out, spec.name, storage_url, args.force)  # no other study's report is written over
-        if len(spec.traces) * len(spec.profiles) > MANY_ROWS:
-            print(f"loading {len(spec.traces)} traces x {len(spec.profiles)} profiles ...", file=sys.stderr)
-        matrix = MatrixEvaluator.for_spec(spec)
-        check_widths(spec, matrix.widest())
+        return _tune_replay(args, spec)
 
-        if args.n_trials is not None:
-            own: int | None = args.n_trials
-        else:
-            own = None if args.max_trials is not None else spec.n_trials
-        timeout = args.timeout if args.timeout is not None else spec.timeout
-        limits = Limits(own=own, cap=args.max_trials, deadline=time.time() + timeout if timeout else None)
-        run = {"n_trials": own, "max_trials": args.max_trials, "workers": args.workers} if own != 0 else None
-        interrupted, problems = False, []
-        # An OSError of the study's own writes that names no file (a journal's append on a full disk) names it.
-        storage_writes = naming(local) if local else contextlib.nullcontext()
-        try:
-            with storage_writes:
-                # The spec's own study, then one per fold when validation nests (docs/tuning.md), each in turn.
-                opened = [(s, fold, *prepare(s, storage_url, args.heartbeat, run)) for s, fold in studies(spec)]
-                if storage_url != asked:
-                    print(
-                        f"note: --workers {args.workers} on SQLite: using the journal file {storage_url}, a separate "
-                        f"study from {redacted(asked)}, and the report folder {out}; continue it with --workers again",
-                        file=sys.stderr,
-                    )
-                for each, fold, study, _held, invocation in opened if own != 0 else []:
-                    try:
-                        problems += run_workers(
-                            each,
-                            storage_url,
-                            limits,
-                            invocation,
-                            args.workers,
-                            args.heartbeat,
-                            args.sleep_per_trial,
-                            study,
-                            training(spec, matrix, fold),
-                            fold.number if fold is not None else None,
-                        )
-                    except KeyboardInterrupt:
-                        interrupted = True
-                        print(
-                            "interrupted: reporting the trials stored so far; rerun the same command to continue",
-                            file=sys.stderr,
-                        )
-                        break
-                    if problems:
-                        break
-            folds = [(fold, study) for _, fold, study, _, _ in opened if fold is not None]
-            # The figures layer sits above tuning: the report is handed what draws its PNGs.
-            draw = None if args.no_plots else write_report_figures
-            summary = write_report(spec, matrix, opened[0][2], storage_url, out, draw, folds)
-        except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
-            raise storage_error(storage_url, err) from None
+
+def _check_outputs(args: argparse.Namespace, spec: Spec, storage_url: str, profiles: list[Path]) -> Path:
+    """The report folder, checked: writable, no input written over, no other study's report in it."""
+    from sim.core.io import check_writable_folder, refuse_inputs_as_outputs
+    from sim.tuning.reports.common import FIGURES, check_report_folder
+    from sim.tuning.specs.common import default_out
+    from sim.tuning.storage.url import storage_file
+
+    # The report goes beside the storage it reports on (runs/NAME/ for the default one): two storages, two folders.
+    out = check_writable_folder(args.out or default_out(spec.name, storage_url), "--out")
+    outputs = [out / "best.yaml", out / "report.md", *(out / f"{kind}.png" for kind in FIGURES)]
+    local = storage_file(storage_url)
+    inputs = [args.spec, *spec.traces, *profiles, *([local] if local else [])]
+    refuse_inputs_as_outputs(outputs, inputs, "--out")
+    check_report_folder(out, spec.name, storage_url, args.force)  # no other study's report is written over
+    return out
+
+
+def _limits(args: argparse.Namespace, spec: Spec) -> Limits:
+    """This invocation's trials (--n-trials, else the spec's n_trials unless --max-trials caps the study) and
+    deadline."""
+    import time
+
+    from sim.tuning.search import Limits
+
+    if args.n_trials is not None:
+        own: int | None = args.n_trials
+    else:
+        own = None if args.max_trials is not None else spec.n_trials
+    timeout = args.timeout if args.timeout is not None else spec.timeout
+    return Limits(own=own, cap=args.max_trials, deadline=time.time() + timeout if timeout else None)
+
+
+@contextmanager
+def _storage_errors(storage_url: str) -> Iterator[None]:
+    """A damaged or unreachable storage, met while trials run or the report reads it, is one error line."""
+    import optuna
+    import sqlalchemy
+
+    from sim.tuning.storage.errors import storage_error
+
+    try:
+        yield
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
+        raise storage_error(storage_url, err) from None
+
+
+def _storage_writes(storage_url: str) -> contextlib.AbstractContextManager[object]:
+    """An OSError of the study's own writes that names no file (a journal's append on a full disk) names it."""
+    from sim.core.io import naming
+    from sim.tuning.storage.url import storage_file
+
+    local = storage_file(storage_url)
+    return naming(local) if local else contextlib.nullcontext()
+
+
+def _say_interrupted() -> None:
+    print("interrupted: reporting the trials stored so far; rerun the same command to continue", file=sys.stderr)
+
+
+def _tune_replay(args: argparse.Namespace, spec: StudySpec) -> int:
+    """A replay study: its storage (a journal beside a SQLite file for --workers), the matrix, the trials of the
+    study and of each fold's, the report."""
+    from sim.engine.costs import resolve
+    from sim.tuning.evaluate.replay import MatrixEvaluator
+    from sim.tuning.specs.replay import check_widths
+    from sim.tuning.storage.checks import check_storage
+    from sim.tuning.storage.url import check_form, parallel_storage
+
+    asked = args.storage or spec.storage
+    check_form(asked)  # before parallel_storage reads it: a storage string means one thing or is refused
+    storage_url = parallel_storage(asked) if args.workers > 1 else asked  # SQLite is unsafe for parallel writers
+    check_storage(storage_url, writing=True)  # its folder too: it takes files, so no trial runs for nothing
+    out = _check_outputs(args, spec, storage_url, [resolve(p) for p in spec.profiles])
+    if len(spec.traces) * len(spec.profiles) > MANY_ROWS:
+        print(f"loading {len(spec.traces)} traces x {len(spec.profiles)} profiles ...", file=sys.stderr)
+    matrix = MatrixEvaluator.for_spec(spec)
+    check_widths(spec, matrix.widest())
+
+    limits = _limits(args, spec)
+    with _storage_errors(storage_url):
+        summary, interrupted, problems = _run_replay(args, spec, matrix, storage_url, asked, out, limits)
     print(summary)
     if problems:
         print(
@@ -275,65 +290,95 @@ def _tune(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def _run_replay(
+    args: argparse.Namespace,
+    spec: StudySpec,
+    matrix: MatrixEvaluator,
+    storage_url: str,
+    asked: str,
+    out: Path,
+    limits: Limits,
+) -> tuple[str, bool, list[str]]:
+    """The spec's own study, then one per fold when validation nests (docs/tuning.md), each in turn; then the
+    report. (its summary, whether Ctrl-C stopped the trials, what killed a worker)"""
+    from sim.figures.study_figures import write_report_figures
+    from sim.tuning.reports.replay import write_report
+    from sim.tuning.search import prepare, run_workers
+    from sim.tuning.storage.url import redacted
+    from sim.tuning.validation import studies, training
+
+    own = limits.own
+    run = {"n_trials": own, "max_trials": args.max_trials, "workers": args.workers} if own != 0 else None
+    interrupted, problems = False, []
+    with _storage_writes(storage_url):
+        opened = [(s, fold, *prepare(s, storage_url, args.heartbeat, run)) for s, fold in studies(spec)]
+        if storage_url != asked:
+            print(
+                f"note: --workers {args.workers} on SQLite: using the journal file {storage_url}, a separate "
+                f"study from {redacted(asked)}, and the report folder {out}; continue it with --workers again",
+                file=sys.stderr,
+            )
+        for each, fold, study, _held, invocation in opened if own != 0 else []:
+            try:
+                problems += run_workers(
+                    each,
+                    storage_url,
+                    limits,
+                    invocation,
+                    args.workers,
+                    args.heartbeat,
+                    args.sleep_per_trial,
+                    study,
+                    training(spec, matrix, fold),
+                    fold.number if fold is not None else None,
+                )
+            except KeyboardInterrupt:
+                interrupted = True
+                _say_interrupted()
+                break
+            if problems:
+                break
+    folds = [(fold, study) for _, fold, study, _, _ in opened if fold is not None]
+    # The figures layer sits above tuning: the report is handed what draws its PNGs.
+    draw = None if args.no_plots else write_report_figures
+    return write_report(spec, matrix, opened[0][2], storage_url, out, draw, folds), interrupted, problems
+
+
 def _tune_serving(args: argparse.Namespace, spec: ServingSpec) -> int:
-    """A serving study (sim/tuning/serving.py): the same storage, checks, resuming and stops as a replay study's,
-    one worker, trials served by the serving model, the report of sim/tuning/serving_report.py."""
-    import time
-
-    import optuna
-    import sqlalchemy
-
-    from sim.core.io import check_writable_folder, naming, refuse_inputs_as_outputs
+    """A serving study (sim/tuning/specs/serving.py): the same storage, checks, resuming and stops as a replay
+    study's, one worker, trials served by the serving model, the report of sim/tuning/reports/serving.py."""
     from sim.engine.serving_costs import resolve_serving
     from sim.figures.study_figures import write_report_figures
-    from sim.tuning.report import FIGURES, check_report_folder
-    from sim.tuning.search import Limits, prepare
-    from sim.tuning.serving import ServingEvaluator, refuse_workers, run_trials
-    from sim.tuning.serving_report import write_serving_report
-    from sim.tuning.spec import default_out
-    from sim.tuning.storage_checks import check_storage
-    from sim.tuning.storage_errors import storage_error
-    from sim.tuning.storage_url import check_form, storage_file
+    from sim.tuning.evaluate.serving import ServingEvaluator
+    from sim.tuning.reports.serving import write_serving_report
+    from sim.tuning.search import prepare, refuse_workers, run_serving_trials
+    from sim.tuning.storage.checks import check_storage
+    from sim.tuning.storage.url import check_form
 
     refuse_workers(spec, args.workers)
     storage_url = args.storage or spec.storage
     check_form(storage_url)
     check_storage(storage_url, writing=True)
-    out = check_writable_folder(args.out or default_out(spec.name, storage_url), "--out")
-    outputs = [out / "best.yaml", out / "report.md", *(out / f"{kind}.png" for kind in FIGURES)]
-    local = storage_file(storage_url)
-    inputs = [args.spec, *spec.traces, resolve_serving(spec.profile), *([local] if local else [])]
-    refuse_inputs_as_outputs(outputs, inputs, "--out")
-    check_report_folder(out, spec.name, storage_url, args.force)
+    out = _check_outputs(args, spec, storage_url, [resolve_serving(spec.profile)])
     evaluator = ServingEvaluator(spec)  # every level's arrivals: a duration no request arrives within fails here
 
-    if args.n_trials is not None:
-        own: int | None = args.n_trials
-    else:
-        own = None if args.max_trials is not None else spec.n_trials
-    timeout = args.timeout if args.timeout is not None else spec.timeout
-    limits = Limits(own=own, cap=args.max_trials, deadline=time.time() + timeout if timeout else None)
+    limits = _limits(args, spec)
+    own = limits.own
     run = {"n_trials": own, "max_trials": args.max_trials, "workers": 1} if own != 0 else None
     interrupted = False
-    storage_writes = naming(local) if local else contextlib.nullcontext()
-    try:
-        with storage_writes:
+    with _storage_errors(storage_url):
+        with _storage_writes(storage_url):
             study, held, invocation = prepare(spec, storage_url, args.heartbeat, run)
             if own != 0:
                 try:
-                    run_trials(
+                    run_serving_trials(
                         spec, evaluator, storage_url, limits, invocation, args.heartbeat, args.sleep_per_trial, held
                     )
                 except KeyboardInterrupt:
                     interrupted = True
-                    print(
-                        "interrupted: reporting the trials stored so far; rerun the same command to continue",
-                        file=sys.stderr,
-                    )
+                    _say_interrupted()
         draw = None if args.no_plots else write_report_figures
         summary = write_serving_report(spec, evaluator, study, storage_url, out, draw)
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as err:
-        raise storage_error(storage_url, err) from None
     print(summary)
     return 130 if interrupted else 0
 

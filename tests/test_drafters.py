@@ -427,7 +427,7 @@ def test_study_searches_drafter_and_governor_parameters(tmp_path, monkeypatch, c
 
 def test_spec_refuses_drafter_parameters_without_a_drafter(tmp_path):
     from sim.core.errors import StudyError
-    from sim.tuning.spec import load_spec
+    from sim.tuning.specs.replay import load_spec
 
     path = tmp_path / "s.yaml"
     path.write_text(
@@ -471,7 +471,7 @@ def test_a_live_drafter_decodes_as_replay_does(drafter):
 
 def test_study_evaluation_charges_the_drafters_host_cost():
     """The study evaluator's rows (recurrence timing) equal replay's for a drafter with a host cost."""
-    from sim.tuning.evaluation import MatrixEvaluator
+    from sim.tuning.evaluate.replay import MatrixEvaluator
 
     trace, profile = read_trace(EMAIL), load_profile(DEFAULT_PROFILE)
     config = make_config("gated", {"drafter": "suffix", "drafter.host_ms_per_lookup": 0.3})

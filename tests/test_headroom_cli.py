@@ -19,7 +19,7 @@ from sim.rows.config import make_config
 from sim.rows.headroom import headroom_share, oracle_rows, time_regret
 from sim.rows.replay import replay
 from sim.rows.rounds import read_rounds
-from sim.tuning.spec import load_spec
+from sim.tuning.specs.replay import load_spec
 
 PROFILE = "gb10-qwen3-8b-4bit"
 TRACES = [str(path) for path in BUNDLED_TRACES]

@@ -1,5 +1,6 @@
-"""Every private optuna name the project relies on (sim/tuning/optuna_private.py) still exists, with the signature
-and the behaviour relied on: an optuna upgrade that moves or changes one fails here, by name, not in a study."""
+"""Every private optuna name the project relies on (sim/tuning/storage/optuna_private.py) still exists, with the
+signature and the behaviour relied on: an optuna upgrade that moves or changes one fails here, by name, not in a
+study."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from sim.tuning import optuna_private
-from sim.tuning.heartbeat import HeartbeatJournalStorage
-from sim.tuning.locks import FlockJournalLock
+from sim.tuning.storage import optuna_private
+from sim.tuning.storage.heartbeat import HeartbeatJournalStorage
+from sim.tuning.storage.locks import FlockJournalLock
 
 
 def parameters(function: Callable[..., Any]) -> list[str]:
@@ -28,7 +29,7 @@ def parameters(function: Callable[..., Any]) -> list[str]:
 def test_the_module_is_the_one_place_that_names_optuna_private_modules():
     """No other module of the project imports a private optuna module or reads a private optuna attribute."""
     root = Path(__file__).resolve().parent.parent
-    allowed = root / "sim" / "tuning" / "optuna_private.py"
+    allowed = root / "sim" / "tuning" / "storage" / "optuna_private.py"
     found = []
     for path in sorted([*root.glob("sim/**/*.py"), *root.glob("benchmarks/**/*.py"), *root.glob("tests/*.py")]):
         if path in (allowed, Path(__file__).resolve()):
@@ -54,7 +55,7 @@ def test_base_heartbeat_is_the_abc_fail_stale_trials_asks_for_stale_trials():
     assert parameters(optuna_private.BaseHeartbeat._get_stale_trial_ids) == ["self", "study_id"]
     assert parameters(optuna_private.BaseHeartbeat.record_heartbeat) == ["self", "trial_id"]
     assert parameters(optuna.storages.fail_stale_trials) == ["study"]
-    assert issubclass(RDBStorage, optuna_private.BaseHeartbeat)  # sim.tuning.heartbeat beats for RDB storages too
+    assert issubclass(RDBStorage, optuna_private.BaseHeartbeat)  # storage.heartbeat beats for RDB storages too
     # Heartbeat leaves exactly the public abstract methods, stale_trial_ids in place of the private one.
     assert set(optuna_private.Heartbeat.__abstractmethods__) == {
         "record_heartbeat",

@@ -23,7 +23,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from sim import plot, tune
-from sim.tuning.storage_url import redacted
+from sim.tuning.storage.url import redacted
 
 EMAIL = ROOT / "traces" / "email.jsonl"
 EDIT = ROOT / "traces" / "edit_json.jsonl"

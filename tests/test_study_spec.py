@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from sim.core.errors import StudyError
-from sim.tuning.spec import load_spec
+from sim.tuning.specs.replay import load_spec
 
 GOOD = f"""\
 name: tiny

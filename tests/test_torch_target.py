@@ -180,7 +180,7 @@ def test_replay_never_imports_torch():
     """Replay, tuning's engine, the figures and the confirm/record/measure command modules' tops load without torch
     (it is an optional extra)."""
     code = (
-        "import sys, sim.replay, sim.tune, sim.tuning.search, sim.tuning.evaluation, sim.plot, sim.confirm, "
+        "import sys, sim.replay, sim.tune, sim.tuning.search, sim.tuning.evaluate.replay, sim.plot, sim.confirm, "
         "sim.record, sim.measure; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

@@ -25,10 +25,10 @@ from sim.engine.trace import read_trace
 from sim.rows.config import make_config
 from sim.rows.replay import replay
 from sim.tune import main
-from sim.tuning.evaluation import MatrixEvaluator
-from sim.tuning.locks import FlockJournalLock, open_lock_file
+from sim.tuning.evaluate.replay import MatrixEvaluator
 from sim.tuning.search import sampler_seed
-from sim.tuning.spec import load_spec
+from sim.tuning.specs.replay import load_spec
+from sim.tuning.storage.locks import FlockJournalLock, open_lock_file
 
 TRACES = [str(ROOT / "traces" / "email.jsonl"), str(ROOT / "traces" / "edit_json.jsonl")]
 PROFILES = ["gb10-qwen3-1.7b-4bit", "gb10-qwen3-8b-4bit"]

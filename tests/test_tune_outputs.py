@@ -27,9 +27,11 @@ from sim.core.io import check_writable_folder, naming
 from sim.plot import main as plot_main
 from sim.tune import main
 from sim.tuning import assess
-from sim.tuning.spec import default_out, load_spec, shell_glob, trace_arguments
-from sim.tuning.storage import main_study
-from sim.tuning.storage_url import parallel_storage, same_storage, storage_file, storage_kind
+from sim.tuning.specs.common import default_out
+from sim.tuning.specs.matrix import shell_glob
+from sim.tuning.specs.replay import load_spec, trace_arguments
+from sim.tuning.storage.factory import main_study
+from sim.tuning.storage.url import parallel_storage, same_storage, storage_file, storage_kind
 
 TRACES = [str(ROOT / "traces" / "email.jsonl"), str(ROOT / "traces" / "edit_json.jsonl")]
 THREE = [*TRACES, str(ROOT / "traces" / "story.jsonl")]
@@ -429,7 +431,7 @@ def test_the_report_says_it_is_being_written_and_shows_the_progress_of_slow_stag
     """`writing report ...` on stderr before the report exists; a stage that takes more than a second (here the
     oracle column, slowed down) shows a progress bar; a matrix of more than MANY_ROWS rows says it is loading."""
     import sim.tune
-    import sim.tuning.report as report
+    import sim.tuning.reports.replay_findings as report
 
     monkeypatch.chdir(tmp_path)
     real = report.row_oracle_ms

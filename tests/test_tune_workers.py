@@ -30,10 +30,10 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from sim.tune import main as tune_main
-from sim.tuning import optuna_private
-from sim.tuning.evaluation import MatrixEvaluator
-from sim.tuning.heartbeat import heartbeat
-from sim.tuning.storage import open_storage
+from sim.tuning.evaluate.replay import MatrixEvaluator
+from sim.tuning.storage import optuna_private
+from sim.tuning.storage.factory import open_storage
+from sim.tuning.storage.heartbeat import heartbeat
 
 pytestmark = pytest.mark.slow  # every test here runs real worker processes
 

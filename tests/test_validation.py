@@ -18,8 +18,8 @@ from sim.rows.config import make_config
 from sim.rows.replay import replay
 from sim.tune import main
 from sim.tuning import stats
-from sim.tuning.evaluation import JITTER_SEED_STRIDE, MatrixEvaluator, lower_tail, score
-from sim.tuning.spec import load_spec
+from sim.tuning.evaluate.replay import JITTER_SEED_STRIDE, MatrixEvaluator, lower_tail, score
+from sim.tuning.specs.replay import load_spec
 from sim.tuning.validation import fold_name, split, studies
 
 EMAIL, EDIT_JSON, EDIT_FN, SUMMARY = (

@@ -286,7 +286,7 @@ def test_tuning_fast_paths_equal_the_reference_replay_for_vllm_configurations():
     from sim.engine.costs import load_profile
     from sim.engine.timing import recurrence_timing
     from sim.rows.replay import replay
-    from sim.tuning.evaluation import MatrixEvaluator
+    from sim.tuning.evaluate.replay import MatrixEvaluator
 
     traces = [read_trace(str(p)) for p in BUNDLED_TRACES]
     profiles = [load_profile("gb10-qwen3-8b-4bit"), load_profile("cpu-smollm2-135m-instruct")]
@@ -302,7 +302,7 @@ def test_tuning_fast_paths_equal_the_reference_replay_for_vllm_configurations():
 
 
 def test_vllm_study_spec_searches_vllms_keys_and_best_yaml_pastes(tmp_path):
-    from sim.tuning.spec import load_spec
+    from sim.tuning.specs.replay import load_spec
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(

@@ -3,7 +3,7 @@ multi-objective studies, and per-row speedups when trials carry rows (a user att
 objects with a numeric `speedup`).
 
 The same functions draw `python -m sim.plot study`, the notebooks' figures and
-the tuning report's PNGs (sim/tuning/report.py). Same inputs, same bytes.
+the tuning report's PNGs (sim/tuning/reports/). Same inputs, same bytes.
 """
 
 from __future__ import annotations
@@ -230,8 +230,8 @@ def write_study_figures(
 def write_report_figures(
     study: Any, out: Path, series: Series, limit: float | None, found: tuple[list[dict[str, float]], str]
 ) -> tuple[list[str], list[str]]:
-    """The tuning report's OUT/{history,importances,pareto,rows}.png (sim/tuning/report.py's FigureWriter, passed in
-    by sim.tune): the rows figure from the report's `series`, `limit` marking min_row_speedup, `found` the
+    """The tuning report's OUT/{history,importances,pareto,rows}.png (sim/tuning/reports/common.py's FigureWriter,
+    passed in by sim.tune): the rows figure from the report's `series`, `limit` marking min_row_speedup, `found` the
     importances it has already; (file names written, a note per figure skipped)."""
     figures, notes = study_figures(study, series=series, limit=limit, found=found)
     return [_save(fig, out / f"{kind}.png").name for kind, fig in figures.items()], notes

@@ -21,19 +21,15 @@ from sim.core.io import decode_text, parse_yaml, read_bytes
 from sim.core.params import MAX_SPAN
 from sim.engine.costs import load_profile
 from sim.rows.config import PolicyConfig, make_config, read_config_file
-from sim.tuning.spec import (
-    DEFAULT_GROUP,
-    MAX_CONSTRAINT,
-    MAX_SEED,
-    TraceGroup,
-    Validation,
-    _name,
-    _number,
-    _profiles,
-    _Reader,
-    _traces,
-    _validation,
-)
+from sim.tuning.specs.common import MAX_CONSTRAINT, MAX_SEED
+from sim.tuning.specs.common import study_name as _name
+from sim.tuning.specs.folds import Validation
+from sim.tuning.specs.folds import read_validation as _validation
+from sim.tuning.specs.matrix import DEFAULT_GROUP, TraceGroup
+from sim.tuning.specs.matrix import read_profiles as _profiles
+from sim.tuning.specs.matrix import read_traces as _traces
+from sim.tuning.specs.reader import Reader as _Reader
+from sim.tuning.specs.reader import number as _number
 
 KEYS = {
     "name": "the model's name: the files sim.train writes are NAME.json, NAME.yaml, NAME.heldout.{json,md}",

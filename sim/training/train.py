@@ -27,7 +27,7 @@ from sim.rows.replay import ReplayRow
 from sim.training.fit import log_loss, logistic
 from sim.training.samples import Samples, collect
 from sim.training.spec import Candidate, TrainSpec
-from sim.tuning.evaluation import MatrixEvaluator, score
+from sim.tuning.evaluate.replay import MatrixEvaluator, score
 
 Progress = Callable[[str], None]
 # The resume price of a verify after an iteration that did not verify, in host gaps: goodput's default, derived in

@@ -13,8 +13,9 @@ import optuna
 from sim.rows.replay import ReplayRow
 from sim.tuning import stats
 from sim.tuning import trials as stored
-from sim.tuning.evaluation import MatrixEvaluator, score
-from sim.tuning.spec import Fold, StudySpec, trace_arguments
+from sim.tuning.evaluate.replay import MatrixEvaluator, score
+from sim.tuning.specs.folds import Fold
+from sim.tuning.specs.replay import StudySpec, trace_arguments
 from sim.tuning.validation import describe, split
 
 

@@ -20,24 +20,24 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
 from tqdm import tqdm
 
-from sim.core.errors import ConfigError, ProfileError, UserError
+from sim.core.errors import StudyError, UserError
 from sim.core.io import naming
 from sim.core.stops import STOPS
-from sim.rows.replay import ReplayRow
-from sim.tuning import optuna_private
-from sim.tuning.evaluation import MatrixEvaluator, constraint_values, score
-from sim.tuning.heartbeat import heartbeat
-from sim.tuning.locks import TrialGate
-from sim.tuning.spec import StudySpec, load_spec
-from sim.tuning.storage import open_storage
-from sim.tuning.storage_errors import reading
-from sim.tuning.storage_url import storage_file
+from sim.tuning.evaluate.replay import MatrixEvaluator, run_trial
+from sim.tuning.evaluate.serving import ServingEvaluator
+from sim.tuning.specs.replay import StudySpec, load_spec
+from sim.tuning.specs.serving import ServingSpec
+from sim.tuning.storage import optuna_private
+from sim.tuning.storage.errors import reading
+from sim.tuning.storage.factory import open_storage
+from sim.tuning.storage.heartbeat import heartbeat
+from sim.tuning.storage.locks import TrialGate
+from sim.tuning.storage.url import storage_file
 from sim.tuning.validation import studies, training
 
 GATE_MARGIN = 64  # the last trials before a cap are created one worker at a time; see ask_below
 STOP_GRACE_S = 10.0  # a stopped worker has this long to mark its trial failed before it is killed
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-STORED_ROWS_MAX = 120  # a trial stores its rows up to this many; beyond, one geomean per group and profile
 
 
 def sampler_seed(seed: int, invocation: int, worker: int) -> int:
@@ -55,7 +55,7 @@ def sampler_seed(seed: int, invocation: int, worker: int) -> int:
 
 class Searched(Protocol):
     """What the trial loop needs of a spec: a replay study's (StudySpec) or a serving study's
-    (sim/tuning/serving.py's ServingSpec)."""
+    (sim/tuning/specs/serving.py's ServingSpec)."""
 
     @property
     def name(self) -> str: ...
@@ -133,58 +133,6 @@ class WorkerTally(Tally):
             self.conn.send("done")
 
 
-def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: float) -> list[float]:
-    params = spec.suggest(trial)
-    try:
-        with STOPS.evaluating():
-            if sleep_s:
-                time.sleep(sleep_s)
-            config = spec.config(params)
-            rows = matrix.evaluate(config)
-    except (ConfigError, ProfileError) as err:
-        # A point no engine could run (ngram_min > ngram_max, a width the profile lacks): pruned, reason
-        # kept, and marked worse than any real row under every constraint. Optuna's TPE ranks a pruned trial
-        # above an infeasible one, and would otherwise learn to propose invalid points.
-        trial.set_user_attr("invalid", str(err))
-        for name, limit in spec.constraints.items():
-            trial.set_constraint(name, limit + 1.0)  # as if the worst row ran at -1x
-        raise optuna.TrialPruned(str(err)) from None
-    # Every objective, whichever the study maximises (jitter_geomean only when it does: it replays the matrix again).
-    with STOPS.evaluating():
-        scores = matrix.scores(config, rows, jitter="jitter_geomean" in spec.objectives)
-    trial.set_user_attr("scores", scores)
-    # Per-row results, as `python -m sim.plot study` and notebooks/study_results.ipynb read them.
-    trial.set_user_attr("rows", stored_rows(matrix, rows))
-    for name, value in zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True):
-        trial.set_constraint(name, value)  # kept and marked infeasible when > 0, never dropped
-    return [scores[name] for name in spec.objectives]
-
-
-def stored_rows(matrix: MatrixEvaluator, rows: list[ReplayRow]) -> list[dict[str, Any]]:
-    """Every row with its group; a corpus-sized matrix stores one geomean row per group and profile instead, so a
-    study of 1000-row trials stays a few megabytes."""
-    if len(rows) <= STORED_ROWS_MAX:
-        return [
-            {
-                "trace": r.trace.name,
-                "trace_path": r.trace.path,
-                "group": matrix.group(r),
-                "profile": r.profile.name,
-                "speedup": r.speedup,
-                "time_ms": r.time_ms,
-                "plain_time_ms": r.plain_time_ms,
-            }
-            for r in rows
-        ]
-    cells: dict[tuple[str, str], list[ReplayRow]] = {}
-    for r in rows:
-        cells.setdefault((matrix.group(r), r.profile.name), []).append(r)
-    return [
-        {"trace": f"group {g} ({len(c)} traces)", "group": g, "profile": p, "speedup": score(c, "geomean_speedup")}
-        for (g, p), c in sorted(cells.items())
-    ]
-
-
 def ask_below(study: optuna.Study, gate: TrialGate, cap: int | None) -> Trial | None:
     """A new trial while the study holds fewer than `cap` trials (every state counted), else None.
 
@@ -230,7 +178,7 @@ def run_study(
     tally: Tally,
 ) -> None:
     """`work` for any evaluation: `objective` runs one trial (its values; optuna.TrialPruned for a point no
-    engine can run). A serving study (sim/tuning/serving.py) runs its trials through here."""
+    engine can run). A serving study (sim/tuning/specs/serving.py) runs its trials through here."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(storage_url, heartbeat_s)
     with reading(storage_url):
@@ -507,3 +455,38 @@ def _supervise(
         for parent_end, _ in pipes:
             parent_end.close()
     return [_death(i, proc.exitcode, messages) for i, proc in enumerate(procs) if proc.exitcode != 0]
+
+
+def run_serving_trials(
+    spec: ServingSpec,
+    evaluator: ServingEvaluator,
+    storage_url: str,
+    limits: Limits,
+    invocation: int,
+    heartbeat_s: int,
+    sleep_s: float,
+    held: int,
+) -> None:
+    """This invocation's trials, in this process (a serving study runs one worker), with a progress bar."""
+    total = limits.own
+    if total is None and limits.cap is not None:
+        total = max(limits.cap - held, 0)
+    bar = tqdm(total=total, desc=spec.name, unit="trial", file=sys.stderr, dynamic_ncols=True)
+    try:
+        evaluator.none()  # before the first trial: its time is the invocation's, not the first trial's
+
+        def objective(trial: Trial) -> list[float]:
+            return evaluator.run_trial(trial, sleep_s)
+
+        seed = sampler_seed(spec.seed, invocation, 0)
+        run_study(spec, objective, storage_url, limits, seed, heartbeat_s, Tally(on_finish=bar.update))
+    finally:
+        bar.close()
+
+
+def refuse_workers(spec: ServingSpec, workers: int) -> None:
+    if workers > 1:
+        raise StudyError(
+            f"{spec.path}: a serving study runs its trials in one process (--workers {workers} given; --workers "
+            "is for replay studies): drop --workers"
+        )

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from sim.tuning.evaluation import MatrixEvaluator
-from sim.tuning.spec import Fold, StudySpec
+from sim.tuning.evaluate.replay import MatrixEvaluator
+from sim.tuning.specs.folds import Fold
+from sim.tuning.specs.replay import StudySpec
 
 FOLD_MARK = ".fold-"  # a spec's name has no '.', so NAME.fold-K can only be a fold's study
 FOLD_NAME = re.compile(rf"^(.+){re.escape(FOLD_MARK)}(0|[1-9][0-9]*)$")

@@ -19,9 +19,9 @@ from optuna.storages import JournalStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from sim.tuning import optuna_private
-from sim.tuning.locks import FlockJournalLock
-from sim.tuning.optuna_private import BaseHeartbeat, Heartbeat
+from sim.tuning.storage import optuna_private
+from sim.tuning.storage.locks import FlockJournalLock
+from sim.tuning.storage.optuna_private import BaseHeartbeat, Heartbeat
 
 MAX_RETRY = 3  # a trial that kills its worker this many times is left failed
 

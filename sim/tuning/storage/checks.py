@@ -14,10 +14,10 @@ import sqlalchemy
 
 from sim.core.errors import StudyError
 from sim.core.io import check_writable_file
-from sim.tuning.locks import LOCK_SUFFIX, check_lock_file, lock_path
-from sim.tuning.optuna_private import JournalOperation
-from sim.tuning.storage_errors import NOT_JOURNAL, sqlite_error
-from sim.tuning.storage_url import check_form, is_url, redacted, storage_file, storage_kind
+from sim.tuning.storage.errors import NOT_JOURNAL, sqlite_error
+from sim.tuning.storage.locks import LOCK_SUFFIX, check_lock_file, lock_path
+from sim.tuning.storage.optuna_private import JournalOperation
+from sim.tuning.storage.url import check_form, is_url, redacted, storage_file, storage_kind
 
 MAX_STORAGE_BYTES = 1 << 30  # as for every other input: a storage file larger than this is refused up front
 MAX_JOURNAL_LINE = 1 << 24  # one journal record; optuna's are a few hundred bytes, a trial's rows a few kB

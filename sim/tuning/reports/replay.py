@@ -21,114 +21,56 @@ says it (`render`) and from best.yaml (`best_yaml`, written by `write_best`).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 from optuna.trial import FrozenTrial, TrialState
-from tqdm import tqdm
 
-from sim.core.errors import StudyError
-from sim.core.io import naming, read_bytes, write_atomic
+from sim.core.io import naming, write_atomic
 from sim.engine.actions import COUNTER_NAMES
-from sim.engine.timing import speedup
-from sim.rows.config import PolicyConfig
-from sim.rows.headroom import headroom_share, row_oracle_ms
+from sim.rows.headroom import headroom_share
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
 from sim.tuning import trials as stored
-from sim.tuning.evaluation import MatrixEvaluator, Progress, constraint_values, score
-from sim.tuning.search import stored_rows
-from sim.tuning.spec import DEFAULT_GROUP, Fold, StudySpec, default_out, trace_arguments
-from sim.tuning.storage_url import redacted, same_storage, storage_kind
+from sim.tuning.evaluate.replay import MatrixEvaluator, score, stored_rows
+from sim.tuning.reports.common import (
+    FigureWriter,
+    counts,
+    dashboard_command,
+    importances_section,
+    plots_section,
+    ranked_importances,
+    rebuild,
+    remove_stale_best,
+    reproduce_flags,
+    write_best,
+)
+from sim.tuning.reports.replay_findings import (
+    Assessment,
+    Findings,
+    ReportInputs,
+    assessment,
+    best_yaml,
+    findings,
+    oracle_speedups,
+    progress,
+    speculative_json,
+)
+from sim.tuning.specs.folds import Fold
+from sim.tuning.specs.matrix import DEFAULT_GROUP
+from sim.tuning.specs.replay import StudySpec, trace_arguments
+from sim.tuning.storage.url import redacted, storage_kind
 from sim.tuning.validation import fold_name, training
-
-FIGURES = {
-    "history": "optimization history",
-    "importances": "parameter importances",
-    "pareto": "Pareto front",
-    "rows": "per-row speedup",
-}  # alt text of each PNG sim.plot can draw, by file stem
-
-# What draws the report's PNGs into its folder: (study, out, the rows figure's (label, rows) series, the
-# min_row_speedup limit, importances(study)) -> (file names written, a note per figure skipped). The caller passes
-# it (sim.tune: sim.figures.study_figures.write_report_figures): the figures layer sits above tuning, which never
-# imports it.
-FigureWriter = Callable[
-    [optuna.Study, Path, list[tuple[str, list[dict[str, Any]]]], float | None, tuple[list[dict[str, float]], str]],
-    tuple[list[str], list[str]],
-]
-
-
-def dashboard_command(storage: str) -> str:
-    return f"pip install optuna-dashboard && optuna-dashboard {storage}"
-
-
-@contextmanager
-def _progress(desc: str, total: int, unit: str) -> Iterator[Progress]:
-    """A progress bar on stderr for one stage of writing the report (on the committed studies the oracle column
-    takes seconds, the jitter scores and the folds several more); it goes once the stage is done. Nothing of it
-    reaches the report's files."""
-    bar = tqdm(
-        total=total, desc=f"report: {desc}", unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, delay=1.0
-    )
-    try:
-        yield bar.update
-    finally:
-        bar.close()
 
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _scores(
-    rows: Sequence[ReplayRow], spec: StudySpec, matrix: MatrixEvaluator, config: Any, progress: Progress | None = None
-) -> dict[str, float]:
-    return {
-        **matrix.scores(config, rows, jitter=True, progress=progress),
-        **dict(zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True)),
-    }
-
-
-def oracle_speedups(rows: Sequence[ReplayRow], progress: Progress | None = None) -> list[float] | None:
-    """The hindsight-optimal speedup of every row (sim/rows/headroom.py, under each row's own loop settings, 5 to 30
-    ms a row; `progress` called once per row), or None when the rows draft with another drafter than prompt lookup,
-    for which no oracle is defined."""
-    if any(not r.config.drafter.is_default for r in rows):
-        return None
-    found = []
-    for r in rows:
-        found.append(speedup(r.plain_time_ms, row_oracle_ms(r)))
-        if progress is not None:
-            progress()
-    return found
-
-
-def _counts(trials: Sequence[FrozenTrial]) -> str:
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    by_state = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
-    infeasible = sum(not stored.feasible(t) for t in complete)
-    invalid = sum("invalid" in t.user_attrs for t in trials if t.state == TrialState.PRUNED)
-    if not trials:
-        return "No trials stored yet"
-    return (
-        f"{len(trials)} trial{'' if len(trials) == 1 else 's'}: "
-        f"{by_state['complete']} complete ({len(complete) - infeasible} feasible, "
-        f"{infeasible} infeasible: kept, marked by the constraint), {by_state['pruned']} pruned "
-        f"({invalid} invalid configurations), {by_state['fail']} failed, {by_state['running']} running, "
-        f"{by_state['waiting']} waiting"
-    )
 
 
 def _rows_table(
@@ -190,18 +132,6 @@ def _top(spec: StudySpec, trials: Sequence[FrozenTrial], base: dict[str, Any], n
     return lines
 
 
-@dataclass(frozen=True)
-class Assessment:
-    """What the report says a recommendation is worth: the in-sample gain (on the rows the study searched), the
-    held-out one (pooled over the folds, or on a holdout) and each fold's."""
-
-    in_sample: assess.Gain | None
-    held: assess.Gain | None
-    folds: list[assess.FoldResult]
-    # a holdout's rows, which the study never searched: the ones its hardware confirmation must run on
-    holdout: assess.Paired | None = None
-
-
 def _lead(spec: StudySpec, found: Assessment) -> list[str]:
     """The report's first lines: the gain to expect on new prompts beside the in-sample one."""
     v = spec.validation
@@ -242,110 +172,6 @@ def _lead(spec: StudySpec, found: Assessment) -> list[str]:
     return [" ".join(lines), ""] if lines else []
 
 
-@dataclass(frozen=True)
-class ReportInputs:
-    """What report.md and best.yaml are made from.
-
-    matrix: every row of the spec; best: stored.best_trial(study); rows: the baseline's and the best trial's rows
-    on the matrix; importances: the first objective's, ranked; figures: PNG names and a note per figure skipped
-    (None: no plots); removed_best: whether an earlier best.yaml was removed from `out` (no best now); gains: what
-    the recommendation is worth (assessment()); oracle: every row's hindsight-optimal speedup, if known."""
-
-    spec: StudySpec
-    matrix: MatrixEvaluator
-    study: optuna.Study
-    storage: str
-    out: Path
-    best: FrozenTrial | None
-    rows: tuple[list[ReplayRow], list[ReplayRow] | None]
-    importances: dict[str, float]
-    figures: tuple[list[str], list[str]] | None
-    removed_best: bool = False
-    gains: Assessment = field(default_factory=lambda: Assessment(None, None, []))
-    oracle: Sequence[float] | None = None
-
-
-@dataclass(frozen=True)
-class Findings:
-    """What the report says, computed before a line of it is written: the scores of the baseline and of the best on
-    the rows the study searched, the one-paragraph summary, every row paired with its group."""
-
-    trials: list[FrozenTrial]
-    searched: MatrixEvaluator  # the rows the study searched
-    front: list[FrozenTrial]  # the feasible Pareto front by trial number; [] for a single objective
-    base_scores: dict[str, float]
-    best_scores: dict[str, float] | None  # None without a best
-    config: PolicyConfig | None  # the best's configuration
-    best_rows: list[ReplayRow]  # the best's rows on the matrix; the baseline's without a best
-    summary: str
-    paired: assess.Paired  # every row: the baseline's, the best's and its group
-    groups: list[str]  # every row's group as the table shows it, a holdout's rows marked
-
-
-def findings(inputs: ReportInputs, progress: Progress | None = None) -> Findings:
-    """Scores, gains and rows: everything report.md and best.yaml say that is not just formatting. `progress` is
-    called once per trace of the searched rows scored (the baseline's, then the best's)."""
-    spec, matrix, best = inputs.spec, inputs.matrix, inputs.best
-    trials = inputs.study.get_trials(deepcopy=False)
-    base_rows, best_rows = inputs.rows
-    searched = training(spec, matrix, None)
-    front = sorted(inputs.study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
-    base_scores = _scores(_on(searched, base_rows), spec, searched, spec.baseline, progress)
-    config, best_scores = None, None
-    if best is None:
-        summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
-        best_rows = base_rows
-    else:
-        if best_rows is None:
-            raise ValueError(f"render: trial #{best.number} is the best trial but rows carries no rows for it")
-        config = spec.config(best.params)
-        best_scores = _scores(_on(searched, best_rows), spec, searched, config, progress)
-        gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
-        held = f"; held out {inputs.gains.held.text()}" if inputs.gains.held is not None else ""
-        if inputs.gains.held is None and inputs.gains.folds:
-            held = "; held out: nothing yet, no fold has a complete trial"
-        summary = (
-            f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
-            f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}% in-sample{held}), worst row "
-            f"{best_scores['worst_row']:.4f}x (baseline {base_scores['worst_row']:.4f}x)"
-        )
-    both = assess.paired(matrix, base_rows, best_rows)
-    holdout = spec.validation is not None and not spec.validation.nested
-    inside = {id(r) for r in _on(searched, base_rows)}
-    groups = [
-        f"{g} (held out)" if holdout and id(r) not in inside else g for g, r in zip(both.groups, base_rows, strict=True)
-    ]
-    return Findings(trials, searched, front, base_scores, best_scores, config, best_rows, summary, both, groups)
-
-
-def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
-    """best.yaml: the best's `{policy, params}` (what sim.replay --config reads) and a note of where it comes from;
-    None without a best."""
-    if inputs.best is None or facts.config is None or facts.best_scores is None:
-        return None
-    spec = inputs.spec
-    out = {
-        "policy": facts.config.policy,
-        "params": facts.config.settings(),
-        "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
-        f"over {len(_on(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
-    }
-    if facts.config.own_keys:  # what to paste into `vllm serve --speculative-config`
-        out["speculative_config"] = speculative_json(facts.config)
-    return out
-
-
-def speculative_json(config: PolicyConfig) -> str:
-    """A vLLM configuration's speculative_config as the one-line JSON `vllm serve --speculative-config` takes."""
-    return json.dumps(config.params.speculative_config(), separators=(", ", ": "))
-
-
-def write_best(out: Path, mapping: dict[str, Any]) -> None:
-    # atomic: a crash mid-write never leaves half a best.yaml for sim.replay --config
-    with naming(out / "best.yaml"):
-        write_atomic(out / "best.yaml", yaml.safe_dump(mapping, sort_keys=True))
-
-
 def render(inputs: ReportInputs, facts: Findings) -> str:
     """report.md's text."""
     spec, best = inputs.spec, inputs.best
@@ -359,8 +185,8 @@ def render(inputs: ReportInputs, facts: Findings) -> str:
         "",
         *_top(spec, facts.trials, spec.baseline.settings()),
         "",
-        *_importances_section(inputs.importances),
-        *_plots_section(inputs.figures),
+        *importances_section(inputs.importances),
+        *plots_section(inputs.figures),
         *_provenance(spec, inputs.matrix, inputs.study, inputs.storage, inputs.out, best is not None),
     ]
     if best is not None:
@@ -389,7 +215,7 @@ def _head(inputs: ReportInputs, facts: Findings) -> list[str]:
         + (", ".join(f"{k} >= {v}" for k, v in spec.constraints.items()) or "none")
         + ".",
         "",
-        _counts(facts.trials) + ".",
+        counts(facts.trials) + ".",
         "",
     ]
 
@@ -491,49 +317,6 @@ def _pareto_section(spec: StudySpec, front: Sequence[FrozenTrial]) -> list[str]:
     ]
 
 
-def _importances_section(importances: dict[str, float]) -> list[str]:
-    if not importances:
-        return []
-    return [
-        "## Parameter importances (PED-ANOVA, first objective)",
-        "",
-        "| parameter | importance |",
-        "|---|---|",
-        *(f"| {k} | {v:.3f} |" for k, v in importances.items()),
-        "",
-    ]
-
-
-def _plots_section(figures: tuple[list[str], list[str]] | None) -> list[str]:
-    if figures is None:
-        return []
-    names, notes = figures
-    lines = ["## Plots", ""] + [f"![{FIGURES[Path(name).stem]}]({name})\n" for name in names]
-    return lines + [f"- {note}" for note in notes] + ([""] if notes else [])
-
-
-def _paths(matrix: MatrixEvaluator) -> set[str]:
-    return {t.path for t in matrix.traces}
-
-
-def _on(matrix: MatrixEvaluator, rows: Sequence[ReplayRow]) -> list[ReplayRow]:
-    """The rows of `rows` (a whole-matrix list) that lie in `matrix`'s traces and profiles."""
-    paths, profiles = _paths(matrix), {id(p) for p in matrix.profiles}
-    return [r for r in rows if r.trace.path in paths and id(r.profile) in profiles]
-
-
-def _rebuild(spec: StudySpec, invocations: list[dict[str, Any]], where: str) -> list[str]:
-    """The commands that made the stored study, in order, for a checkout without its storage file; `where` is the
-    --storage/--out flags that put the study and this report where they are."""
-    lines = []
-    for run in invocations:
-        flags = f" --n-trials {run['n_trials']}" if run.get("n_trials") is not None else ""
-        flags += f" --max-trials {run['max_trials']}" if run.get("max_trials") else ""
-        flags += f" --workers {run['workers']}" if run.get("workers", 1) > 1 else ""
-        lines.append(f"    python -m sim.tune {spec.path}{flags}{where}")
-    return lines
-
-
 def _folds_note(spec: StudySpec) -> list[str]:
     if spec.validation is None or not spec.validation.nested:
         return []
@@ -556,11 +339,9 @@ def _provenance(
 ) -> list[str]:
     storage = redacted(storage)
     workers = " --workers 2" if storage_kind(storage) == "journal" else ""
-    where = "" if storage == spec.storage else f" --storage {storage}"
-    # --out is left out only where the command without it writes here: the spec's storage and its default folder.
-    where += "" if storage == spec.storage and Path(out) == default_out(spec.name, storage) else f" --out {out}"
-    rebuild = _rebuild(spec, study.user_attrs.get("invocations", []), where)
-    single = all("--workers" not in line for line in rebuild)
+    where = reproduce_flags(spec.name, spec.storage, storage, out)
+    commands = rebuild(spec.path, study.user_attrs.get("invocations", []), where)
+    single = all("--workers" not in line for line in commands)
     matrix_args = f"{trace_arguments(spec)} --profile {','.join(spec.profiles)}"
     replay = [f"    python -m sim.replay --config {out / 'best.yaml'} {matrix_args}"] if has_best else []
     lines = [
@@ -573,7 +354,7 @@ def _provenance(
             else " (several workers: the same kind of study, not the same trials):"
         ),
         "",
-        *rebuild,
+        *commands,
         "",
         *_folds_note(spec),
         "Then:",
@@ -623,39 +404,6 @@ def write_figures(
     return draw(study, out, series, spec.constraints.get("min_row_speedup"), found)
 
 
-def assessment(
-    spec: StudySpec,
-    matrix: MatrixEvaluator,
-    rows: tuple[list[ReplayRow], list[ReplayRow] | None],
-    folds: Sequence[tuple[Fold, optuna.Study]],
-) -> Assessment:
-    """The in-sample gain of the best on the rows its study searched, and the held-out gain: pooled over the
-    folds' studies, or the best's own on a holdout."""
-    base_rows, best_rows = rows
-    if best_rows is None:
-        return Assessment(None, None, [])
-    searched = training(spec, matrix, None)
-    both = assess.paired(matrix, base_rows, best_rows)
-    inside = {id(r) for r in _on(searched, base_rows)}
-    keep = [i for i, r in enumerate(base_rows) if id(r) in inside]
-    pick = assess.Paired([base_rows[i] for i in keep], [best_rows[i] for i in keep], [both.groups[i] for i in keep])
-    in_sample = assess.gain(spec, matrix.weights, pick)
-    if spec.validation is None:
-        return Assessment(in_sample, None, [])
-    if not spec.validation.nested:
-        kept = set(keep)
-        out = [i for i in range(len(base_rows)) if i not in kept]
-        held = assess.Paired([base_rows[i] for i in out], [best_rows[i] for i in out], [both.groups[i] for i in out])
-        return Assessment(in_sample, assess.gain(spec, matrix.weights, held), [], held)
-    with _progress("scoring held-out folds", len(folds), "fold") as advance:
-        results = []
-        for fold, study in folds:
-            results.append(assess.assess_fold(spec, matrix, fold, study))
-            advance()
-    pooled = assess.held_summary(results)
-    return Assessment(in_sample, assess.gain(spec, matrix.weights, pooled) if pooled else None, results)
-
-
 def write_report(
     spec: StudySpec,
     matrix: MatrixEvaluator,
@@ -668,29 +416,27 @@ def write_report(
     """matrix: the spec's every row (MatrixEvaluator.for_spec); draw: what writes the PNGs (None: no plots; sim.tune
     passes sim.figures.study_figures.write_report_figures); folds: each fold's study when validation nests."""
     # The report takes from a second (5 rows) to half a minute (1000 rows): a line says so, and each stage that
-    # lasts more than a second shows its progress (_progress).
+    # lasts more than a second shows its progress (progress).
     print(f"writing report {out / 'report.md'} ...", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     found = stored.importances(study)  # PED-ANOVA per objective; the table shows the first
-    ranked = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
+    ranked = ranked_importances(found)
     best = stored.best_trial(study)  # feasible, best on the first objective, on the Pareto front
     configs = [spec.baseline, *([spec.config(best.params)] if best else [])]
-    with _progress("replaying the baseline and the best", len(configs) * len(matrix.traces), "trace") as advance:
+    with progress("replaying the baseline and the best", len(configs) * len(matrix.traces), "trace") as advance:
         evaluated = [matrix.evaluate(config, advance) for config in configs]
     rows = (evaluated[0], evaluated[1] if best else None)
     figures = write_figures(spec, matrix, study, found, best, rows, out, draw) if draw is not None else None
     stale = out / "best.yaml"
-    removed_best = best is None and (stale.exists() or stale.is_symlink())
-    if removed_best:  # no configuration of this study may be mistaken for its best: one unlink, atomic
-        stale.unlink()
+    removed_best = remove_stale_best(out, best)
     gains = assessment(spec, matrix, rows, folds)
     oracle = None
     if rows[1] is not None:
-        with _progress("the oracle column", len(rows[1]), "row") as advance:
+        with progress("the oracle column", len(rows[1]), "row") as advance:
             oracle = oracle_speedups(rows[1], advance)
     inputs = ReportInputs(spec, matrix, study, storage, out, best, rows, ranked, figures, removed_best, gains, oracle)
     scored = len(training(spec, matrix, None).traces) * len(configs)
-    with _progress(f"scoring (jitter_geomean: {spec.robust.seeds} noise draws)", scored, "trace") as advance:
+    with progress(f"scoring (jitter_geomean: {spec.robust.seeds} noise draws)", scored, "trace") as advance:
         facts = findings(inputs, advance)
     with naming(out / "report.md"):
         write_atomic(out / "report.md", render(inputs, facts))
@@ -699,48 +445,3 @@ def write_report(
         write_best(out, mapping)
     removed = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed_best else ""
     return f"{facts.summary}\nreport: {out / 'report.md'}{removed}"
-
-
-# What report.md says of where it comes from: its title names the study, its Reproduce section the storage.
-REPORT_TITLE = re.compile(r"\A# Study `([^`\n]+)`")
-REPORT_STORAGE = re.compile(r"^The storage \((.*)\) is not committed\.", re.M)
-BEST_NOTES = re.compile(r"\Astudy (\S+), trial ")
-
-
-def report_origin(out: Path) -> tuple[str | None, str | None] | None:
-    """(study name, storage as shown) of the report in `out`, read from its report.md (else from best.yaml's notes:
-    the name only); None when the folder holds neither; a None inside when the file does not say."""
-    report, best = out / "report.md", out / "best.yaml"
-    if report.exists() or report.is_symlink():
-        text = read_bytes(report, StudyError, "report").decode("utf-8", "replace")
-        title, where = REPORT_TITLE.match(text), REPORT_STORAGE.search(text)
-        return (title.group(1) if title else None, where.group(1) if where else None)
-    if best.exists() or best.is_symlink():
-        text = read_bytes(best, StudyError, "best.yaml").decode("utf-8", "replace")
-        try:
-            notes = yaml.safe_load(text).get("notes", "")
-        except (yaml.YAMLError, AttributeError):
-            notes = ""
-        found = BEST_NOTES.match(notes) if isinstance(notes, str) else None
-        return (found.group(1) if found else None, None)
-    return None
-
-
-def check_report_folder(out: Path, name: str, storage: str, force: bool) -> None:
-    """Before any work: a report folder that holds the report of another study, or of this study in another storage,
-    is not written over (its best.yaml would be replaced, or removed, by a stranger's) unless `force`."""
-    origin = report_origin(out)
-    if origin is None or force:
-        return
-    study, where = origin
-    if study is None:
-        raise StudyError(
-            f"--out {out} holds a report that does not say which study made it; give another --out, or --force to "
-            "write over it"
-        )
-    if study != name or (where is not None and not same_storage(where, storage)):
-        shown = f" in {where}" if where is not None else ""
-        raise StudyError(
-            f"--out {out} holds the report of study {study}{shown}, not of {name} in {redacted(storage)}; give "
-            "another --out, or --force to write over it"
-        )

@@ -22,8 +22,8 @@ from pathlib import Path
 import sqlalchemy
 
 from sim.core.errors import StudyError
-from sim.tuning.optuna_private import BaseJournalFileLock  # the lock ABC JournalFileBackend takes
-from sim.tuning.storage_url import sqlite_file, storage_kind
+from sim.tuning.storage.optuna_private import BaseJournalFileLock  # the lock ABC JournalFileBackend takes
+from sim.tuning.storage.url import sqlite_file, storage_kind
 
 LOCK_SUFFIX = {"writer": ".writer.flock", "gate": ".gate.flock"}  # next to the storage file; see lock_path
 

@@ -15,18 +15,28 @@ has (docs/tuning.md), so 200 edit traces do not drown 5 chat traces.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
+from optuna.trial import Trial
+
+from sim.core.errors import ConfigError, ProfileError
+from sim.core.stops import STOPS
 from sim.engine.costs import CostProfile, Profile, load_profile
 from sim.engine.timing import NO_JITTER, Jitter, drafting_times, flat_time, plain_actions, recurrence_timing
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig
 from sim.rows.replay import ReplayRow, effective_max_tokens, geomean, require_widths, run_trace, stopped_on_eos
-from sim.tuning.spec import DEFAULT_GROUP, Robust, StudySpec
+from sim.tuning.evaluate.common import invalid, set_constraints
+from sim.tuning.specs.matrix import DEFAULT_GROUP
+from sim.tuning.specs.replay import Robust, StudySpec
 
 DEFAULT_ROBUST = Robust()
 Progress = Callable[[], object]  # called once per unit of work done, e.g. a tqdm bar's update
+STORED_ROWS_MAX = 120  # a trial stores its rows up to this many; beyond, one geomean per group and profile
+
 JITTER_SEED_STRIDE = 1_000_003  # seed of row r in jitter pass k: k * stride + r, distinct for any matrix we run
 
 
@@ -229,3 +239,48 @@ def constraint_values(rows: Sequence[ReplayRow], constraints: dict[str, float]) 
         else:
             raise ValueError(f"unknown constraint {name!r}")
     return values
+
+
+def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: float) -> list[float]:
+    params = spec.suggest(trial)
+    try:
+        with STOPS.evaluating():
+            if sleep_s:
+                time.sleep(sleep_s)
+            config = spec.config(params)
+            rows = matrix.evaluate(config)
+    except (ConfigError, ProfileError) as err:
+        raise invalid(trial, spec.constraints, err) from None
+    # Every objective, whichever the study maximises (jitter_geomean only when it does: it replays the matrix again).
+    with STOPS.evaluating():
+        scores = matrix.scores(config, rows, jitter="jitter_geomean" in spec.objectives)
+    trial.set_user_attr("scores", scores)
+    # Per-row results, as `python -m sim.plot study` and notebooks/study_results.ipynb read them.
+    trial.set_user_attr("rows", stored_rows(matrix, rows))
+    set_constraints(trial, spec.constraints, constraint_values(rows, spec.constraints))
+    return [scores[name] for name in spec.objectives]
+
+
+def stored_rows(matrix: MatrixEvaluator, rows: list[ReplayRow]) -> list[dict[str, Any]]:
+    """Every row with its group; a corpus-sized matrix stores one geomean row per group and profile instead, so a
+    study of 1000-row trials stays a few megabytes."""
+    if len(rows) <= STORED_ROWS_MAX:
+        return [
+            {
+                "trace": r.trace.name,
+                "trace_path": r.trace.path,
+                "group": matrix.group(r),
+                "profile": r.profile.name,
+                "speedup": r.speedup,
+                "time_ms": r.time_ms,
+                "plain_time_ms": r.plain_time_ms,
+            }
+            for r in rows
+        ]
+    cells: dict[tuple[str, str], list[ReplayRow]] = {}
+    for r in rows:
+        cells.setdefault((matrix.group(r), r.profile.name), []).append(r)
+    return [
+        {"trace": f"group {g} ({len(c)} traces)", "group": g, "profile": p, "speedup": score(c, "geomean_speedup")}
+        for (g, p), c in sorted(cells.items())
+    ]

@@ -1,7 +1,7 @@
 """What optuna, SQLAlchemy or sqlite3 raise on a damaged storage, as one StudyError naming the file and what to do.
 
 `reading` wraps the optuna calls that open or read a storage; `storage_error` turns
-one failure into its line; the pre-flight checks (sim/tuning/storage_checks.py)
+one failure into its line; the pre-flight checks (sim/tuning/storage/checks.py)
 use the same wording for what they find before optuna opens the file.
 """
 
@@ -15,7 +15,7 @@ import optuna
 import sqlalchemy
 
 from sim.core.errors import StudyError
-from sim.tuning.storage_url import redacted, storage_file, storage_kind
+from sim.tuning.storage.url import redacted, storage_file, storage_kind
 
 NOT_JOURNAL = "not an optuna journal file, or a damaged one: restore it from a backup or start a new storage"
 

@@ -1,7 +1,7 @@
 """A serving study's report folder: report.md, best.yaml and PNG plots, from the study's storage.
 
-As sim/tuning/report.py does for replay studies, everything here is a function of the stored trials, the spec and
-its inputs (never wall-clock times), so the same study gives byte-identical files. The best, the baseline and
+As sim/tuning/reports/replay.py does for replay studies, everything here is a function of the stored trials, the spec
+and its inputs (never wall-clock times), so the same study gives byte-identical files. The best, the baseline and
 `none` are served again here at every load level (the serving model is deterministic: the best's rows equal those
 its trial stored), and again at each holdout seed's arrivals, which no trial saw. best.yaml carries the policy and
 its parameters, the vLLM `speculative_config` and TensorRT-LLM settings that run it, and the hashes of every input.
@@ -28,25 +28,10 @@ from sim.core.errors import ConfigError
 from sim.core.io import naming, write_atomic
 from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning import trials as stored
-from sim.tuning.report import (
-    FigureWriter,
-    _counts,
-    _importances_section,
-    _plots_section,
-    dashboard_command,
-    write_best,
-)
-from sim.tuning.serving import (
-    OBJECTIVES,
-    ServingEvaluator,
-    ServingSpec,
-    constraint_values,
-    level_score,
-    score,
-    scores,
-)
-from sim.tuning.spec import default_out
-from sim.tuning.storage_url import redacted, storage_kind
+from sim.tuning.evaluate.serving import ServingEvaluator, constraint_values, level_score, score, scores
+from sim.tuning.reports import common as shared  # the pieces both kinds' reports share
+from sim.tuning.specs.serving import OBJECTIVES, ServingSpec
+from sim.tuning.storage.url import redacted, storage_kind
 
 CONFIRM_SCRIPT = "benchmarks/serving_closed_loop.py"  # the closed-loop hardware benchmark the plan names
 TOP = 10  # trials the top table lists
@@ -196,7 +181,7 @@ def _head(spec: ServingSpec, evaluator: ServingEvaluator, trials: list[FrozenTri
         f"model's recurrence driver; scheduler {json.dumps(asdict(spec.scheduler), sort_keys=True)}; drafter "
         f"{json.dumps(spec.drafter_keys, sort_keys=True)}; slo {slo}.",
         "",
-        _counts(trials) + ".",
+        shared.counts(trials) + ".",
         "",
     ]
 
@@ -351,13 +336,8 @@ def _provenance(
     spec: ServingSpec, evaluator: ServingEvaluator, study: optuna.Study, storage: str, out: Path, has_best: bool
 ) -> list[str]:
     storage = redacted(storage)
-    where = "" if storage == spec.storage else f" --storage {storage}"
-    where += "" if storage == spec.storage and Path(out) == default_out(spec.name, storage) else f" --out {out}"
-    rebuild = []
-    for run in study.user_attrs.get("invocations", []):
-        flags = f" --n-trials {run['n_trials']}" if run.get("n_trials") is not None else ""
-        flags += f" --max-trials {run['max_trials']}" if run.get("max_trials") else ""
-        rebuild.append(f"    python -m sim.tune {spec.path}{flags}{where}")
+    where = shared.reproduce_flags(spec.name, spec.storage, storage, out)
+    commands = shared.rebuild(spec.path, study.user_attrs.get("invocations", []), where)  # one worker: no --workers
     journal = " (a journal storage)" if storage_kind(storage) == "journal" else ""
     lines = [
         "## Reproduce",
@@ -365,12 +345,12 @@ def _provenance(
         f"The storage ({storage}) is not committed. Where it does not exist yet, these commands rebuild this folder "
         f"trial for trial, byte for byte (seeded sampler, deterministic serving model){journal}:",
         "",
-        *rebuild,
+        *commands,
         "",
         "Then:",
         "",
         f"    python -m sim.tune {spec.path}{where}     # continues the study in {storage}",
-        f"    {dashboard_command(storage)}",
+        f"    {shared.dashboard_command(storage)}",
         "",
         f"Sampler {spec.sampler}, seed {spec.seed}. optuna {optuna.__version__}, Python "
         f"{sys.version_info.major}.{sys.version_info.minor}.",
@@ -417,7 +397,7 @@ def write_serving_report(
     study: optuna.Study,
     storage: str,
     out: Path,
-    draw: FigureWriter | None = None,
+    draw: shared.FigureWriter | None = None,
 ) -> str:
     """report.md, best.yaml (when a feasible trial exists; an earlier one is removed otherwise) and the PNGs
     (`draw`: sim.tune passes sim.figures.study_figures.write_report_figures); returns the one-paragraph summary."""
@@ -425,7 +405,7 @@ def write_serving_report(
     out.mkdir(parents=True, exist_ok=True)
     trials = study.get_trials(deepcopy=False)
     found = stored.importances(study)
-    ranked = dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
+    ranked = shared.ranked_importances(found)
     best = stored.best_trial(study)
     none = evaluator.none()
     base = serve_all(spec, evaluator, Variant(**{**asdict(spec.baseline), "label": f"baseline {spec.baseline.label}"}))
@@ -436,9 +416,7 @@ def write_serving_report(
     if draw is not None:
         figures = _figures(spec, study, out, served, none, found, draw)
     stale = out / "best.yaml"
-    removed = best is None and (stale.exists() or stale.is_symlink())
-    if removed:  # no configuration may be mistaken for this study's best: one unlink, atomic
-        stale.unlink()
+    removed = shared.remove_stale_best(out, best)
 
     base_value = score(spec.objective, base.rows, none)
     if best is None or top is None:
@@ -467,15 +445,15 @@ def write_serving_report(
         "## Top feasible trials",
         "",
         *_top(spec, trials, spec.first_trial()),
-        *_importances_section(ranked),
-        *_plots_section(figures),
+        *shared.importances_section(ranked),
+        *shared.plots_section(figures),
         *(_confirm_section(spec, served, none) if top is not None else []),
         *_provenance(spec, evaluator, study, storage, out, best is not None),
     ]
     with naming(out / "report.md"):
         write_atomic(out / "report.md", "\n".join(lines))
     if best is not None and top is not None:
-        write_best(out, best_yaml(spec, evaluator, best, top.rows))
+        shared.write_best(out, best_yaml(spec, evaluator, best, top.rows))
     gone = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed else ""
     return f"{summary}\nreport: {out / 'report.md'}{gone}"
 
@@ -487,7 +465,7 @@ def _figures(
     served: Sequence[tuple[str, list[ServingRow]]],
     none: list[ServingRow],
     found: tuple[list[dict[str, float]], str],
-    draw: FigureWriter,
+    draw: shared.FigureWriter,
 ) -> tuple[list[str], list[str]]:
     """history, importances and the per-level figure (each level's share of the objective, over none's: the
     figure's 1.0 line is none) through `draw`."""

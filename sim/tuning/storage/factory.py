@@ -1,26 +1,4 @@
-"""Where a study lives: opening a storage (heartbeats on) and a stored study, and finding a study folder's storage.
-
-- `sqlite:///runs/NAME.db` (the default, relative to where sim.tune runs): one
-  worker at a time; SQLite is not safe for parallel writers.
-- `runs/NAME.journal.log`: an optuna journal file, for `--workers N` on one
-  machine.
-- `postgresql+psycopg2://...` (any SQLAlchemy RDB URL): many workers, many machines.
-
-The rest of the storage layer sits beside this module, and its public names are
-importable from here too:
-
-- sim/tuning/storage_url.py: what a storage string names (kind, file, the
-  password-free form reports show, the journal --workers N uses);
-- sim/tuning/storage_checks.py: `check_storage`, everything checked before
-  anything is written (the URL and its driver, the kind of file, every journal
-  line, the lock files);
-- sim/tuning/storage_errors.py: `reading`, what optuna, SQLAlchemy or sqlite3
-  raise on a damaged storage as one StudyError naming the file and what to do;
-- sim/tuning/heartbeat.py: heartbeats, so a trial a killed worker left RUNNING
-  is failed and retried (`HeartbeatJournalStorage` for journal files);
-- sim/tuning/locks.py: lock files and `TrialGate`, which keeps a trial cap
-  exact across workers.
-"""
+"""The storage factory: opening a storage (heartbeats on) and a stored study, and finding a study folder's storage."""
 
 from __future__ import annotations
 
@@ -35,54 +13,12 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from sim.core.errors import StudyError
-from sim.tuning.heartbeat import MAX_RETRY, HeartbeatJournalStorage, heartbeat
-from sim.tuning.locks import (
-    LOCK_SUFFIX,
-    FlockJournalLock,
-    TrialGate,
-    check_lock_file,
-    lock_path,
-    open_lock_file,
-    schema_lock,
-)
-from sim.tuning.storage_checks import DRIVERS, MAX_JOURNAL_LINE, MAX_STORAGE_BYTES, check_storage, scan_journal
-from sim.tuning.storage_errors import JOURNAL_ERRORS, RDB_ERRORS, reading, sqlite_error, storage_error
-from sim.tuning.storage_url import is_url, parallel_storage, redacted, sqlite_file, storage_file, storage_kind
+from sim.tuning.storage.checks import check_storage
+from sim.tuning.storage.errors import reading
+from sim.tuning.storage.heartbeat import MAX_RETRY, HeartbeatJournalStorage
+from sim.tuning.storage.locks import schema_lock
+from sim.tuning.storage.url import is_url, redacted, sqlite_file, storage_kind
 from sim.tuning.validation import fold_parent
-
-__all__ = [  # this module's own names and those of the modules beside it, where importers have always found them
-    "DRIVERS",
-    "JOURNAL_ERRORS",
-    "LOCK_SUFFIX",
-    "MAX_JOURNAL_LINE",
-    "MAX_RETRY",
-    "MAX_STORAGE_BYTES",
-    "RDB_ERRORS",
-    "STORAGE_FILES",
-    "FlockJournalLock",
-    "HeartbeatJournalStorage",
-    "TrialGate",
-    "check_lock_file",
-    "check_storage",
-    "heartbeat",
-    "is_url",
-    "lock_path",
-    "main_study",
-    "open_lock_file",
-    "open_storage",
-    "open_study",
-    "open_study_and_folds",
-    "parallel_storage",
-    "reading",
-    "redacted",
-    "scan_journal",
-    "sqlite_error",
-    "sqlite_file",
-    "storage_error",
-    "storage_file",
-    "storage_in",
-    "storage_kind",
-]
 
 
 def open_storage(storage: str, heartbeat_s: int) -> optuna.storages.BaseStorage:

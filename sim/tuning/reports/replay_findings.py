@@ -1,0 +1,217 @@
+"""What a replay study's report says, computed apart from the markdown that says it: the baseline's and the best's
+scores and rows, the gains with their intervals (sim/tuning/assess.py), the hindsight oracle's speedups, and
+best.yaml."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from tqdm import tqdm
+
+from sim.engine.timing import speedup
+from sim.rows.config import PolicyConfig
+from sim.rows.headroom import row_oracle_ms
+from sim.rows.replay import ReplayRow
+from sim.tuning import assess
+from sim.tuning.evaluate.replay import MatrixEvaluator, Progress, constraint_values
+from sim.tuning.specs.folds import Fold
+from sim.tuning.specs.replay import StudySpec
+from sim.tuning.validation import training
+
+
+@contextmanager
+def progress(desc: str, total: int, unit: str) -> Iterator[Progress]:
+    """A progress bar on stderr for one stage of writing the report (on the committed studies the oracle column
+    takes seconds, the jitter scores and the folds several more); it goes once the stage is done. Nothing of it
+    reaches the report's files."""
+    bar = tqdm(
+        total=total, desc=f"report: {desc}", unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, delay=1.0
+    )
+    try:
+        yield bar.update
+    finally:
+        bar.close()
+
+
+def _scores(
+    rows: Sequence[ReplayRow], spec: StudySpec, matrix: MatrixEvaluator, config: Any, progress: Progress | None = None
+) -> dict[str, float]:
+    return {
+        **matrix.scores(config, rows, jitter=True, progress=progress),
+        **dict(zip(spec.constraints, constraint_values(rows, spec.constraints), strict=True)),
+    }
+
+
+def oracle_speedups(rows: Sequence[ReplayRow], progress: Progress | None = None) -> list[float] | None:
+    """The hindsight-optimal speedup of every row (sim/rows/headroom.py, under each row's own loop settings, 5 to 30
+    ms a row; `progress` called once per row), or None when the rows draft with another drafter than prompt lookup,
+    for which no oracle is defined."""
+    if any(not r.config.drafter.is_default for r in rows):
+        return None
+    found = []
+    for r in rows:
+        found.append(speedup(r.plain_time_ms, row_oracle_ms(r)))
+        if progress is not None:
+            progress()
+    return found
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the report says a recommendation is worth: the in-sample gain (on the rows the study searched), the
+    held-out one (pooled over the folds, or on a holdout) and each fold's."""
+
+    in_sample: assess.Gain | None
+    held: assess.Gain | None
+    folds: list[assess.FoldResult]
+    # a holdout's rows, which the study never searched: the ones its hardware confirmation must run on
+    holdout: assess.Paired | None = None
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What report.md and best.yaml are made from.
+
+    matrix: every row of the spec; best: stored.best_trial(study); rows: the baseline's and the best trial's rows
+    on the matrix; importances: the first objective's, ranked; figures: PNG names and a note per figure skipped
+    (None: no plots); removed_best: whether an earlier best.yaml was removed from `out` (no best now); gains: what
+    the recommendation is worth (assessment()); oracle: every row's hindsight-optimal speedup, if known."""
+
+    spec: StudySpec
+    matrix: MatrixEvaluator
+    study: optuna.Study
+    storage: str
+    out: Path
+    best: FrozenTrial | None
+    rows: tuple[list[ReplayRow], list[ReplayRow] | None]
+    importances: dict[str, float]
+    figures: tuple[list[str], list[str]] | None
+    removed_best: bool = False
+    gains: Assessment = field(default_factory=lambda: Assessment(None, None, []))
+    oracle: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the report says, computed before a line of it is written: the scores of the baseline and of the best on
+    the rows the study searched, the one-paragraph summary, every row paired with its group."""
+
+    trials: list[FrozenTrial]
+    searched: MatrixEvaluator  # the rows the study searched
+    front: list[FrozenTrial]  # the feasible Pareto front by trial number; [] for a single objective
+    base_scores: dict[str, float]
+    best_scores: dict[str, float] | None  # None without a best
+    config: PolicyConfig | None  # the best's configuration
+    best_rows: list[ReplayRow]  # the best's rows on the matrix; the baseline's without a best
+    summary: str
+    paired: assess.Paired  # every row: the baseline's, the best's and its group
+    groups: list[str]  # every row's group as the table shows it, a holdout's rows marked
+
+
+def findings(inputs: ReportInputs, progress: Progress | None = None) -> Findings:
+    """Scores, gains and rows: everything report.md and best.yaml say that is not just formatting. `progress` is
+    called once per trace of the searched rows scored (the baseline's, then the best's)."""
+    spec, matrix, best = inputs.spec, inputs.matrix, inputs.best
+    trials = inputs.study.get_trials(deepcopy=False)
+    base_rows, best_rows = inputs.rows
+    searched = training(spec, matrix, None)
+    front = sorted(inputs.study.best_trials, key=lambda t: t.number) if spec.multi_objective else []  # feasible only
+    base_scores = _scores(on_matrix(searched, base_rows), spec, searched, spec.baseline, progress)
+    config, best_scores = None, None
+    if best is None:
+        summary = f"{spec.name}: no feasible trial yet; baseline geomean {base_scores['geomean_speedup']:.4f}x"
+        best_rows = base_rows
+    else:
+        if best_rows is None:
+            raise ValueError(f"render: trial #{best.number} is the best trial but rows carries no rows for it")
+        config = spec.config(best.params)
+        best_scores = _scores(on_matrix(searched, best_rows), spec, searched, config, progress)
+        gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
+        held = f"; held out {inputs.gains.held.text()}" if inputs.gains.held is not None else ""
+        if inputs.gains.held is None and inputs.gains.folds:
+            held = "; held out: nothing yet, no fold has a complete trial"
+        summary = (
+            f"{spec.name}: best feasible trial #{best.number}: geomean {best_scores['geomean_speedup']:.4f}x vs "
+            f"baseline {base_scores['geomean_speedup']:.4f}x ({gain:+.2f}% in-sample{held}), worst row "
+            f"{best_scores['worst_row']:.4f}x (baseline {base_scores['worst_row']:.4f}x)"
+        )
+    both = assess.paired(matrix, base_rows, best_rows)
+    holdout = spec.validation is not None and not spec.validation.nested
+    inside = {id(r) for r in on_matrix(searched, base_rows)}
+    groups = [
+        f"{g} (held out)" if holdout and id(r) not in inside else g for g, r in zip(both.groups, base_rows, strict=True)
+    ]
+    return Findings(trials, searched, front, base_scores, best_scores, config, best_rows, summary, both, groups)
+
+
+def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
+    """best.yaml: the best's `{policy, params}` (what sim.replay --config reads) and a note of where it comes from;
+    None without a best."""
+    if inputs.best is None or facts.config is None or facts.best_scores is None:
+        return None
+    spec = inputs.spec
+    out = {
+        "policy": facts.config.policy,
+        "params": facts.config.settings(),
+        "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
+        f"over {len(on_matrix(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
+    }
+    if facts.config.own_keys:  # what to paste into `vllm serve --speculative-config`
+        out["speculative_config"] = speculative_json(facts.config)
+    return out
+
+
+def speculative_json(config: PolicyConfig) -> str:
+    """A vLLM configuration's speculative_config as the one-line JSON `vllm serve --speculative-config` takes."""
+    return json.dumps(config.params.speculative_config(), separators=(", ", ": "))
+
+
+def _paths(matrix: MatrixEvaluator) -> set[str]:
+    return {t.path for t in matrix.traces}
+
+
+def on_matrix(matrix: MatrixEvaluator, rows: Sequence[ReplayRow]) -> list[ReplayRow]:
+    """The rows of `rows` (a whole-matrix list) that lie in `matrix`'s traces and profiles."""
+    paths, profiles = _paths(matrix), {id(p) for p in matrix.profiles}
+    return [r for r in rows if r.trace.path in paths and id(r.profile) in profiles]
+
+
+def assessment(
+    spec: StudySpec,
+    matrix: MatrixEvaluator,
+    rows: tuple[list[ReplayRow], list[ReplayRow] | None],
+    folds: Sequence[tuple[Fold, optuna.Study]],
+) -> Assessment:
+    """The in-sample gain of the best on the rows its study searched, and the held-out gain: pooled over the
+    folds' studies, or the best's own on a holdout."""
+    base_rows, best_rows = rows
+    if best_rows is None:
+        return Assessment(None, None, [])
+    searched = training(spec, matrix, None)
+    both = assess.paired(matrix, base_rows, best_rows)
+    inside = {id(r) for r in on_matrix(searched, base_rows)}
+    keep = [i for i, r in enumerate(base_rows) if id(r) in inside]
+    pick = assess.Paired([base_rows[i] for i in keep], [best_rows[i] for i in keep], [both.groups[i] for i in keep])
+    in_sample = assess.gain(spec, matrix.weights, pick)
+    if spec.validation is None:
+        return Assessment(in_sample, None, [])
+    if not spec.validation.nested:
+        kept = set(keep)
+        out = [i for i in range(len(base_rows)) if i not in kept]
+        held = assess.Paired([base_rows[i] for i in out], [best_rows[i] for i in out], [both.groups[i] for i in out])
+        return Assessment(in_sample, assess.gain(spec, matrix.weights, held), [], held)
+    with progress("scoring held-out folds", len(folds), "fold") as advance:
+        results = []
+        for fold, study in folds:
+            results.append(assess.assess_fold(spec, matrix, fold, study))
+            advance()
+    pooled = assess.held_summary(results)
+    return Assessment(in_sample, assess.gain(spec, matrix.weights, pooled) if pooled else None, results)
