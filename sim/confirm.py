@@ -12,7 +12,6 @@ estimates the time left.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from sim import cli
 from sim.core.errors import ProfileError, UserError
+from sim.hardware.backends import DEFAULT_BACKEND, Confirmation, backend_named, backend_names
 from sim.hardware.options import MAX_REPS, MAX_TOKENS, add_model_args, bounded, check_model_args, model_files
 
 
@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--force", action="store_true", help="replace a confirm.json or confirm.md already in --out")
     parser.add_argument(
         "--engine",
-        choices=("torch", "vllm"),
-        default="torch",
+        choices=backend_names(),
+        default=DEFAULT_BACKEND,
         help="run the arms in draftlab's torch loop (the default) or in real vLLM engines, one per arm, each in a "
         "process of its own (arms: policy vllm, e.g. --config a vLLM study's best.yaml; needs the vllm extra and "
         "--model; docs/vllm.md)",
@@ -85,10 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
-    from sim.core.io import check_out_folder, same_file, write_atomic_all
+    from sim.core.io import check_out_folder, same_file
     from sim.engine.costs import load_profile, resolve
     from sim.engine.trace import read_trace
-    from sim.hardware.options import check_outputs, check_trace, dump_json, require_torch
+    from sim.hardware.options import check_outputs, require_torch
     from sim.rows.replay import effective_max_tokens
 
     bounded(args.reps, "--reps", 1, MAX_REPS)
@@ -114,86 +114,7 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
     caps = [effective_max_tokens(trace, args.max_tokens) for trace in traces]
 
     require_torch("python -m sim.confirm")
-    if args.engine == "vllm":
-        return _confirm_vllm(args, argv, traces, arms, profile, out)
-    for arm in arms:
-        if arm.config is not None and arm.config.own_keys:  # torch runs governors on mlxcel's loop
-            raise UserError(f"arm {arm.label} configures vLLM: confirm it with --engine vllm (and --model)")
-    from sim.hardware.report import markdown, summary
-    from sim.hardware.torch.confirm import confirm
-    from sim.hardware.torch.loading import model_from_args, model_limits
-    from sim.hardware.torch.model import versions
-
-    limits = model_limits(args)  # from the configuration: traces the model cannot run are refused before loading
-    for trace, cap in zip(traces, caps, strict=True):
-        check_trace(trace, limits, args.scripted, cap if cap is not None else len(trace.tokens) + 1)
-    lm = model_from_args(args)
-    rows = confirm(lm, traces, arms, profile, args.reps, args.scripted, args.max_tokens)
-    result = {
-        "command": "python -m sim.confirm " + shlex.join(argv),
-        "versions": versions(),
-        "model": lm.info,
-        "profile": {**profile.as_dict(), "path": args.profile, "meta": profile.meta},
-        "traces": [{"name": t.name, "path": t.path, "sha256": t.sha256} for t in traces],
-        "arms": [a.as_dict() for a in arms],
-        "reps": args.reps,
-        "scripted": args.scripted,
-        "max_tokens": args.max_tokens,
-        "rows": rows,
-        "control": args.control,
-        "summary": summary(rows, arms, args.control),
-    }
-    text = markdown(result)
-    # Both or neither: a failed write (a full disk) leaves no confirm.json without its confirm.md, or the reverse.
-    data = dump_json(result, str(out / "confirm.json"), indent=1, sort_keys=True) + "\n"
-    write_atomic_all([(out / "confirm.json", data), (out / "confirm.md", text)])
-    print(text)
-    return 0
-
-
-def _confirm_vllm(
-    args: argparse.Namespace, argv: list[str], traces: list[Any], arms: list[Any], profile: Any, out: Path
-) -> int:
-    """sim.confirm --engine vllm: the arms in real vLLM engines (sim/hardware/vllm/confirm.py)."""
-    from sim.core.io import write_atomic_all
-    from sim.hardware.options import checkpoint_path, dump_json
-    from sim.hardware.provenance import cpu_model
-    from sim.hardware.report import markdown, summary
-    from sim.hardware.vllm.confirm import confirm
-    from sim.hardware.vllm.engine import model_info, require_vllm
-
-    for flag, bad in (
-        ("--arch", args.arch is not None),
-        ("--random-weights", args.random_weights),
-        ("--scripted", args.scripted),
-        ("--threads", args.threads is not None),
-        ("--dtype", args.dtype not in ("auto", "float32")),
-    ):
-        if bad:
-            raise UserError(f"--engine vllm: {flag} is not for vLLM, which decodes a --model checkpoint for itself")
-    vllm_version = require_vllm()
-    path = checkpoint_path(args)
-    rows, engines = confirm(path, traces, arms, profile, args.reps, args.max_tokens, args.seed)
-    result = {
-        "command": "python -m sim.confirm " + shlex.join(argv),
-        "versions": {"vllm": vllm_version},
-        "engine": "vllm",
-        "engines": engines,
-        "model": {**model_info(args.model, Path(path)), "device": f"vLLM {vllm_version} on {cpu_model()}"},
-        "profile": {**profile.as_dict(), "path": args.profile, "meta": profile.meta},
-        "traces": [{"name": t.name, "path": t.path, "sha256": t.sha256} for t in traces],
-        "arms": [a.as_dict() for a in arms],
-        "reps": args.reps,
-        "scripted": False,
-        "max_tokens": args.max_tokens,
-        "rows": rows,
-        "control": args.control,
-        "summary": summary(rows, arms, args.control),
-    }
-    data = dump_json(result, str(out / "confirm.json"), indent=1, sort_keys=True) + "\n"
-    write_atomic_all([(out / "confirm.json", data), (out / "confirm.md", markdown(result))])
-    print(markdown(result))
-    return 0
+    return backend_named(args.engine).confirm(args, argv, Confirmation(traces, caps, arms, profile, out))
 
 
 def _require_widths(arms: list[Any], profile: Any, path: Path) -> None:

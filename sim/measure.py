@@ -10,14 +10,12 @@ committed configuration (max_draft + 1 <= 16).
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 
 from sim import cli
 from sim.core.errors import UserError
+from sim.hardware.backends import DEFAULT_BACKEND, backend_named, backend_names
 from sim.hardware.options import (
     DEFAULT_MAX_WIDTH,
     DEFAULT_PREFILL_LENGTHS,
@@ -95,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--engine",
-        choices=("torch", "vllm"),
-        default="torch",
+        choices=backend_names(),
+        default=DEFAULT_BACKEND,
         help="measure draftlab's own torch loop (the default), or a real vLLM engine's steps: S(w) for steps "
         "verifying w - 1 n-gram drafts, P for plain decoding, prefill; needs --contexts and the vllm extra "
         "(docs/vllm.md); --rounds counts repeats of every prompt and --steps K1,K2 decodes K2 tokens per prompt",
@@ -142,6 +140,7 @@ def _contexts(args: argparse.Namespace) -> list[int]:
 
 def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     """Every flag in its range and the output path usable, before torch is imported: (steps, prefill lengths)."""
+    from sim.hardware.metering import profile_name
     from sim.hardware.options import check_outputs
 
     # Defaults are filled in here, so that a flag --contexts replaces is refused only when the user gave it.
@@ -179,143 +178,13 @@ def _check(args: argparse.Namespace) -> tuple[tuple[int, int], list[int]]:
     return (steps[0], steps[1]), lengths
 
 
-def profile_name(args: argparse.Namespace) -> str:
-    """--name, or the --out file name without .yaml."""
-    return args.name if args.name is not None else Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")
-
-
 def _measure(args: argparse.Namespace, argv: list[str]) -> int:
     from sim.hardware.options import require_torch
 
     steps, lengths = _check(args)
     contexts = _contexts(args)
     require_torch("python -m sim.measure")
-    if args.serving:  # sim/hardware/vllm/serving_measure.py
-        from sim.hardware.vllm.serving_measure import run_command
-
-        return run_command(args, argv, profile_name(args))
-    if args.engine == "vllm":
-        return _measure_vllm(args, argv, contexts, steps[1])
-    from sim.hardware.metering import write_profile
-    from sim.hardware.torch.loading import model_from_args, model_limits
-    from sim.hardware.torch.measure import measure, profile_data
-
-    limits = model_limits(args)
-    if limits.positions is not None:
-        for n, flag in (
-            [(args.prompt_tokens, "--prompt-tokens")] if not contexts else [(c, "--contexts") for c in contexts]
-        ):
-            need = n + max(steps[1], args.max_width)
-            if need > limits.positions:
-                raise UserError(
-                    f"{flag} {n} with {max(steps[1], args.max_width)} more positions for the step runs (--steps) "
-                    f"and verify widths (--max-width) needs {need} positions; {limits.name} has "
-                    f"{limits.positions} (max_position_embeddings): "
-                    + ("lower --prompt-tokens" if flag == "--prompt-tokens" else "choose shorter --contexts")
-                )
-        if not contexts and max(lengths) > limits.positions:
-            raise UserError(
-                f"--prefill-lengths {max(lengths)} is more than the {limits.positions} positions of {limits.name} "
-                "(max_position_embeddings)"
-            )
-    lm = model_from_args(args)
-    if contexts:
-        return _measure_grid(args, argv, lm, contexts, steps)
-    with _fits_in_memory(f"--prompt-tokens {args.prompt_tokens}"):
-        m = measure(
-            lm, args.prompt_tokens, args.max_width, args.rounds, args.warmup, steps, lengths, args.prefill_rounds
-        )
-    name = profile_name(args)
-    data = profile_data(m, lm, name, "python -m sim.measure " + shlex.join(argv))
-    write_profile(args.out, data)
-    sync = " ".join(f"{v:.3f}" for v in data["sync_ms"])
-    print(
-        f"{args.out}: P={data['pipelined_ms']:.3f} ms  S(1..{len(data['sync_ms'])})={sync} ms  "
-        f"prefill={data['prefill']['fixed_ms']:.2f} + {data['prefill']['per_prompt_token_ms']:.4f}/token ms"
-    )
-    return 0
-
-
-@contextmanager
-def _fits_in_memory(what: str) -> Iterator[None]:
-    """A measurement that runs out of device or host memory is one line naming what did not fit, not a traceback."""
-    import torch
-
-    try:
-        yield
-    except (MemoryError, torch.OutOfMemoryError) as err:
-        raise UserError(f"{what} did not fit in memory ({str(err).splitlines()[0][:100]}): measure shorter") from None
-    except RuntimeError as err:
-        if "allocate memory" not in str(err):  # the CPU allocator's out-of-memory; anything else is a bug
-            raise
-        raise UserError(f"{what} did not fit in memory ({str(err).splitlines()[0][:100]}): measure shorter") from None
-
-
-def _measure_vllm(args: argparse.Namespace, argv: list[str], contexts: list[int], steps: int) -> int:
-    """sim.measure --engine vllm: a profile of vLLM's engine step (sim/hardware/vllm/measure.py)."""
-    from sim.hardware.metering import write_profile
-    from sim.hardware.options import checkpoint_path
-    from sim.hardware.vllm.engine import model_info, require_vllm
-    from sim.hardware.vllm.measure import measure, profile_data
-
-    if not contexts:
-        raise UserError("--engine vllm measures at context lengths: give --contexts N1,N2,... (e.g. 64,512,1024)")
-    for flag, bad in (
-        ("--arch", args.arch is not None),
-        ("--random-weights", args.random_weights),
-        ("--threads", args.threads is not None),
-        ("--dtype", args.dtype not in ("auto", "float32")),
-    ):
-        if bad:
-            raise UserError(f"--engine vllm: {flag} is not for vLLM, which loads a --model checkpoint in float32")
-    vllm_version = require_vllm()
-    path = checkpoint_path(args)
-    info = model_info(args.model, Path(path))
-    m = measure(path, args.max_width, contexts, steps, args.rounds, args.seed)
-    command = "python -m sim.measure " + shlex.join(argv)
-    import torch
-
-    from sim.hardware.provenance import cpu_model
-
-    machine = f"cpu: {cpu_model()}; vLLM {vllm_version} (eager, float32), torch {torch.__version__}"
-    model = f"{info['name']} (float32 in vLLM; {info.get('provenance') or info.get('path')})"
-    data = profile_data(m, profile_name(args), model, machine, command)
-    write_profile(args.out, data)
-    print(f"{args.out}: P={data['pipelined_ms']} ms  S(1..W)={data['sync_ms']} ms")
-    return 0
-
-
-def _measure_grid(
-    args: argparse.Namespace, argv: list[str], lm: object, contexts: list[int], steps: tuple[int, int]
-) -> int:
-    """A v2 profile: one measurement per context length, then prefill timed at those lengths."""
-    import numpy as np
-
-    from sim.hardware.metering import write_profile
-    from sim.hardware.options import progress as progress_bar
-    from sim.hardware.tokenizer import GPT2_EOS
-    from sim.hardware.torch.measure import grid_profile_data, measure, measure_prefill
-    from sim.hardware.torch.model import LoadedModel
-
-    assert isinstance(lm, LoadedModel)  # built by model_from_args
-    by_context = {}
-    for n in contexts:
-        with _fits_in_memory(f"--contexts {n}"):
-            by_context[n] = measure(
-                lm, n, args.max_width, args.rounds, args.warmup, steps, (), args.prefill_rounds, desc=f"measure at {n}"
-            )
-    high = min(lm.model.config.vocab_size, GPT2_EOS)  # any id a named vocabulary holds; values do not change costs
-    prompt = np.random.default_rng(0).integers(0, high, size=max(contexts)).tolist()
-    bar = progress_bar(len(contexts) * (args.prefill_rounds + 1), "prefill", "prefill", enabled=True)
-    with _fits_in_memory(f"a prefill of {max(contexts)} tokens"):
-        prefill = measure_prefill(lm, prompt, contexts, args.prefill_rounds, bar.update)
-    bar.close()
-    name = profile_name(args)
-    data = grid_profile_data(by_context, prefill, lm, name, "python -m sim.measure " + shlex.join(argv))
-    write_profile(args.out, data)
-    for n, p_ms, sync in zip(data["contexts"], data["pipelined_ms"], data["sync_ms"], strict=True):
-        print(f"{args.out}: at {n}: P={p_ms:.3f} ms  S(1..{len(sync)})={' '.join(f'{v:.3f}' for v in sync)} ms")
-    return 0
+    return backend_named(args.engine).measure(args, argv, contexts, steps, lengths)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ inputs, and an output that exists already unless `--force` is given.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sim import cli
 from sim.core.errors import UserError
+from sim.hardware.backends import DEFAULT_BACKEND, backend_named, backend_names
 from sim.hardware.options import MAX_TOKENS, MAX_TOP, add_model_args, bounded, check_model_args, model_files
 
 if TYPE_CHECKING:
@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--engine",
-        choices=("torch", "vllm"),
-        default="torch",
+        choices=backend_names(),
+        default=DEFAULT_BACKEND,
         help="decode with draftlab's own torch loop (the default), or with a real vLLM engine through its offline API "
         "(greedy, logprobs=2; needs the vllm extra and a --model checkpoint folder or catalog name; docs/vllm.md)",
     )
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _record(args: argparse.Namespace, argv: list[str]) -> int:
     from sim.core.io import check_out_folder, refuse_inputs_as_outputs
-    from sim.hardware.options import check_outputs, check_positions, check_prompt, require_torch
+    from sim.hardware.options import check_outputs, require_torch
 
     bounded(args.max_tokens, "--max-tokens", 1, MAX_TOKENS)
     bounded(args.top, "--top", 0, MAX_TOP)
@@ -104,78 +104,7 @@ def _record(args: argparse.Namespace, argv: list[str]) -> int:
     check_outputs(outputs, [], "--out", force=True)
 
     require_torch("python -m sim.record")
-    if args.engine == "vllm":
-        return _record_vllm(args, argv, prompts, out)
-    from sim.hardware.prompts import encode
-    from sim.hardware.torch.loading import model_from_args, model_limits
-    from sim.hardware.torch.model import versions
-    from sim.hardware.torch.record import record_one
-
-    limits = model_limits(args)  # from the configuration: bad prompts are refused before the weights load
-    for prompt in prompts:
-        if prompt.tokens is not None:
-            check_prompt(prompt.tokens, limits, prompt.where)
-            check_positions(prompt.path, len(prompt.tokens), args.max_tokens, limits, "lower --max-tokens")
-    lm = model_from_args(args)
-    encoded = []
-    for prompt in prompts:
-        tokens, meta = encode(prompt, lm.prompter, not args.no_chat_template)
-        check_prompt(tokens, limits, prompt.where)  # a checkpoint's tokenizer may know more ids than its model
-        check_positions(prompt.path, len(tokens), args.max_tokens, limits, "lower --max-tokens")
-        encoded.append((prompt, tokens, meta))
-    command = "python -m sim.record " + shlex.join(argv)
-    stack = versions()
-    for prompt, tokens, meta in encoded:
-        path, count, stop = record_one(
-            lm, prompt.name, tokens, meta, out, args.max_tokens, args.top, stack, command, force=args.force
-        )
-        print(f"{path}: {len(tokens)} prompt tokens, {count} tokens, stop={stop}")
-    return 0
-
-
-def _record_vllm(args: argparse.Namespace, argv: list[str], prompts: list[PromptFile], out: Path) -> int:
-    """sim.record --engine vllm: each prompt through vLLM's offline API, one request at a time."""
-    from sim.hardware.options import checkpoint_path
-    from sim.hardware.prompts import encode
-    from sim.hardware.torch.checkpoint import local_prompter
-    from sim.hardware.vllm.engine import in_fresh_process, model_info, record_all, require_vllm
-
-    bounded(args.max_model_len, "--max-model-len", 2, 1 << 20)
-    for flag, bad in (
-        ("--arch", args.arch is not None),
-        ("--random-weights", args.random_weights),
-        ("--threads", args.threads is not None),
-        ("--dtype", args.dtype not in ("auto", "float32")),
-        ("--device", args.device not in ("auto", "cpu", "cuda")),
-    ):
-        if bad:
-            raise UserError(
-                f"--engine vllm: {flag} is not for vLLM, which loads a --model checkpoint folder in float32 on the "
-                "device its build runs on"
-            )
-    require_vllm()
-    path = Path(checkpoint_path(args))
-    prompter = local_prompter(path)
-    encoded = []
-    for prompt in prompts:
-        if prompt.text is not None and prompter is None:
-            raise UserError(f"{prompt.where}: {path} ships no tokenizer; give a trace file as the prompt instead")
-        tokens, meta = encode(prompt, prompter, not args.no_chat_template)
-        if len(tokens) + args.max_tokens > args.max_model_len:
-            raise UserError(
-                f"{prompt.where}: {len(tokens)} prompt tokens + --max-tokens {args.max_tokens} exceed "
-                f"--max-model-len {args.max_model_len}"
-            )
-        encoded.append((prompt, tokens, meta))
-    command = "python -m sim.record " + shlex.join(argv)
-    info = model_info(args.model, path)
-    jobs = [(prompt.name, tokens, meta) for prompt, tokens, meta in encoded]
-    written = in_fresh_process(
-        record_all, str(path), jobs, out, args.max_tokens, args.max_model_len, args.seed, command, info
-    )
-    for (trace, count, stop), (_, tokens, _) in zip(written, jobs, strict=True):
-        print(f"{trace}: {len(tokens)} prompt tokens, {count} tokens, stop={stop}")
-    return 0
+    return backend_named(args.engine).record(args, argv, prompts, out)
 
 
 def _read_prompts(paths: list[str]) -> list[PromptFile]:

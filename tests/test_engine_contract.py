@@ -158,3 +158,14 @@ def test_outside_the_registry_and_the_engines_own_modules_no_code_compares_an_en
             continue
         found += [f"{path.relative_to(ROOT)}:{line}" for line in _compared_names(path, set(names))]
     assert not found, f"compare engines through the registry (sim.engine.engines), not by name: {found}"
+
+
+def test_every_hardware_backend_runs_a_registered_engine_and_torch_runs_the_default():
+    from sim.hardware.backends import DEFAULT_BACKEND, backend_named, backend_names
+
+    assert backend_names()[0] == DEFAULT_BACKEND
+    for name in backend_names():
+        assert backend_named(name).replays() == engine_named(backend_named(name).engine)
+    assert backend_named(DEFAULT_BACKEND).replays() == engine_named(DEFAULT_ENGINE)
+    with pytest.raises(ConfigError, match="unknown hardware backend 'nope'; registered: torch, vllm"):
+        backend_named("nope")

@@ -3,6 +3,7 @@ timed, and the profile YAML written once it loads as replay loads it."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +33,8 @@ def write_profile(path: str | Path, data: dict[str, Any]) -> None:
     require_finite(data, str(path))  # YAML would write .nan or .inf silently, anywhere, `measurements` included
     profile_from_dict(data, str(path))
     write_atomic_all([(path, yaml.safe_dump(data, sort_keys=False, width=1000))])
+
+
+def profile_name(args: argparse.Namespace) -> str:
+    """--name, or the --out file name without .yaml."""
+    return args.name if args.name is not None else Path(args.out).name.removesuffix(".yaml").removesuffix(".yml")

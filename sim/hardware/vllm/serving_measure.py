@@ -267,21 +267,12 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
     from sim.engine.serving_costs import dump_serving_profile, serving_profile_from_text
     from sim.hardware.options import check_outputs, checkpoint_path, naming
     from sim.hardware.provenance import cpu_model
-    from sim.hardware.vllm.engine import model_info, require_vllm
+    from sim.hardware.vllm.engine import model_info, not_for_vllm, require_vllm
 
-    if args.engine != "vllm":
-        raise UserError("--serving measures a real vLLM engine's batched steps: give --engine vllm with it")
     if args.contexts is not None:
         lengths = " and ".join(map(str, LENGTHS))
         raise UserError(f"--serving times prompts of {lengths} tokens; --contexts is not for it")
-    for flag, bad in (
-        ("--arch", args.arch is not None),
-        ("--random-weights", args.random_weights),
-        ("--threads", args.threads is not None),
-        ("--dtype", args.dtype not in ("auto", "float32")),
-    ):
-        if bad:
-            raise UserError(f"--serving: {flag} is not for vLLM, which loads a --model checkpoint in float32")
+    not_for_vllm(args, "--serving", "loads a --model checkpoint in float32")
     samples_path = sidecar(args.out)
     check_outputs([samples_path], [], "--out (its .samples.json)", args.force)
     version = require_vllm()
