@@ -32,7 +32,8 @@ SCHEMA = "draftlab-distilled-1"
 MODELS = Path(__file__).resolve().parent / "models"  # bundled model files: NAME.json
 DEFAULT_MODEL = "edits"
 # The features of one decision, in the order of the weight vectors. Every one is known when the decision is made:
-# the draft at hand and what landed before it (tests/test_online_governors.py replays traces with changed tails).
+# the draft at hand and what landed before it (tests/policies/test_online_governors.py replays traces with changed
+# tails).
 FEATURES = (
     "bias",
     "output",  # the match's continuation starts in the reply so far (else in the prompt)

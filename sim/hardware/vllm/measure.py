@@ -8,7 +8,7 @@ overlapping the host's work with the forward; its CPU backend does not) and the 
 How: per K = 1..W-1, an engine with n-gram speculation K (prompt_lookup 1..3), each in a process of its own, steps
 one request at a time by hand (`LLMEngine.step`), timing every step. A step's width is known from the context
 before it: vLLM's n-gram rule (sim/drafters/ngram.py, held equal to vLLM's own by the conformance benchmark and
-tests/test_vllm_real.py) says what it drafts. Two prompts per context length: a repeating cycle of tokens (the
+tests/hardware/test_vllm_real.py) says what it drafts. Two prompts per context length: a repeating cycle of tokens (the
 model continues it, so nearly every step drafts K) and distinct tokens (nearly nothing matches: width 1). Samples
 are kept by (context, width), a width w > 1 from the engine speculating w - 1 tokens, and their medians written.
 P comes from an engine without speculation, as the difference of generate calls with 1 and `steps` tokens per

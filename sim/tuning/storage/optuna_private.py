@@ -1,7 +1,7 @@
 """Every optuna name this project uses that optuna does not export: the one place an optuna upgrade can break.
 
 The rest of the project imports these from here, never from optuna's private modules, and
-tests/test_optuna_internals.py checks that each still exists with the signature relied on, so a new optuna
+tests/tuning/test_optuna_internals.py checks that each still exists with the signature relied on, so a new optuna
 that moves or renames one fails that test by name instead of a study half-way through a night.
 
 - `BaseHeartbeat`: the ABC `optuna.storages.fail_stale_trials` checks for (`isinstance`) before it asks a storage

@@ -25,7 +25,7 @@ from sim.training.fit import logistic
 from sim.training.samples import Samples, collect
 from sim.training.spec import load_train_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GB10_8B = "gb10-qwen3-8b-4bit"
 
 

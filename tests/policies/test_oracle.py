@@ -179,7 +179,8 @@ def test_exhaustive_search_on_cut_bundled_traces_finds_the_oracle_value(name):
 def test_random_traces_keep_the_invariants_and_the_bit_exact_time(
     prompt, reply, eos, cut, max_draft, ngram_min, pipeline_after
 ):
-    """The loop's invariants (tests/test_contract.py) under the oracle, and its replayed time equal to its value."""
+    """The loop's invariants (tests/policies/test_contract.py) under the oracle, and its replayed time equal to its
+    value."""
     header = {"type": "header", "version": 1, "prompt_tokens": prompt, "stop": "eos" if eos else "max_tokens"}
     header["eos_token_ids"] = [0]
     trace = Trace(f"random-{prompt}-{reply}", header, tuple(reply), (None,) * len(reply))

@@ -1,13 +1,15 @@
 """Golden backtest: counters and simulated times of every bundled trace x GB10 profile x policy stay as saved.
 
 A change in any of them is a change in behaviour: if it is intended, regenerate with
-`python tests/test_golden.py` and say why in the commit.
+`python tests/engine/test_golden.py` and say why in the commit.
 """
 
 import json
 import sys
+from pathlib import Path
 
-from conftest import BUNDLED_TRACES, ROOT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: conftest sits one folder up
+from conftest import BUNDLED_TRACES, ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT))  # run as a script, the repository is not on the path
 

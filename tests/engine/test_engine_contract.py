@@ -30,7 +30,7 @@ TRACES = [*BUNDLED_TRACES, *RECORDED]
 
 
 def replayed(engine: str) -> list[str]:
-    """Every causal policy the engine replays (the hindsight oracle has its own suite: tests/test_oracle.py)."""
+    """Every causal policy the engine replays (the hindsight oracle's suite: tests/policies/test_oracle.py)."""
     return sorted(n for n, c in REGISTRY.items() if c.causal and engine_named(engine).accepts(c))
 
 

@@ -363,7 +363,7 @@ def test_flat_time_is_the_recurrence_on_generated_logs(widest, prompt_tokens, da
     assert flat_time(actions, *flat_costs(profile, widest), profile.prefill_ms(prompt_tokens)) == expected
 
 
-POLICIES = governors()  # every governor, the hindsight oracle too (vllm: tests/test_vllm_engine.py)
+POLICIES = governors()  # every governor, the hindsight oracle too (vllm: tests/engine/test_vllm_engine.py)
 
 
 @PROPERTY

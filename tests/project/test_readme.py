@@ -25,18 +25,23 @@ pytestmark = pytest.mark.slow
 ENVIRONMENT = ("python3 -m venv", ". .venv/bin/activate", "pip install")
 LEFT_OUT = {
     "python -m pytest": "the test suite itself",
-    "jupyter lab": "a server that runs until stopped (the notebooks are executed by tests/test_notebooks.py)",
+    "jupyter lab": "a server that runs until stopped (the notebooks are executed by tests/project/test_notebooks.py)",
     "optuna-dashboard": "a server that runs until stopped",
     "python benchmarks/closed_loop_cpu.py": "runs for many minutes; a benchmark, rerun by hand",
     "python benchmarks/tune_speed.py": "runs for minutes; a benchmark, rerun by hand",
     "python benchmarks/long_context_cpu.py": "runs for minutes; a benchmark, rerun by hand",
-    "python benchmarks/closed_loop_real.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
-    "python benchmarks/tune_then_confirm.py": "runs for half an hour; its smoke run is in tests/test_benchmarks.py",
-    "python benchmarks/vllm_conformance.py": "needs the vllm extra and runs for half an hour (tests/test_vllm_real.py)",
-    "python benchmarks/vllm_closed_loop.py": "needs the vllm extra and runs for minutes (tests/test_vllm_real.py)",
+    "python benchmarks/closed_loop_real.py": "runs for half an hour; its smoke run is in "
+    "tests/project/test_benchmarks.py",
+    "python benchmarks/tune_then_confirm.py": "runs for half an hour; its smoke run is in "
+    "tests/project/test_benchmarks.py",
+    "python benchmarks/vllm_conformance.py": "needs the vllm extra and runs for half an hour "
+    "(tests/hardware/test_vllm_real.py)",
+    "python benchmarks/vllm_closed_loop.py": "needs the vllm extra and runs for minutes "
+    "(tests/hardware/test_vllm_real.py)",
     "python benchmarks/serving_closed_loop.py": "needs the vllm extra and runs for half an hour "
-    "(tests/test_vllm_serving.py)",
-    "python benchmarks/headroom.py": "runs for minutes; tests/test_benchmarks.py runs it (--out-dir) and compares it "
+    "(tests/hardware/test_vllm_serving.py)",
+    "python benchmarks/headroom.py": "runs for minutes; tests/project/test_benchmarks.py runs it (--out-dir) and "
+    "compares it "
     "with the committed results",
     "python benchmarks/serving_speed.py": "runs for minutes; a benchmark, rerun by hand",
     "python benchmarks/serving_shapes.py": "runs for minutes; a benchmark, rerun by hand",

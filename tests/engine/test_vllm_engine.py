@@ -1,6 +1,6 @@
 """The vLLM engine model without vLLM: its n-gram rule, its configuration, its loop and counters, its CLI.
 
-The same rules are pinned against the installed vLLM in tests/test_vllm_real.py (marker `vllm`).
+The same rules are pinned against the installed vLLM in tests/hardware/test_vllm_real.py (marker `vllm`).
 """
 
 from __future__ import annotations
