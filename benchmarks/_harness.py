@@ -18,7 +18,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -26,9 +26,12 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# A benchmark that loads a model never reaches for the hub, whatever the caller's environment says.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from sim.core.io import write_atomic  # noqa: E402
 from sim.hardware.options import progress as _progress  # noqa: E402  (torch-free: bars on stderr, TQDM_DISABLE)
+from sim.hardware.options import require_torch  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------ what ran, and output
 
@@ -97,6 +100,29 @@ def add_out(parser: argparse.ArgumentParser, name: str, committed: bool = False)
     parser.add_argument(
         "--out", default=default, help=f"result files' path stem, .json optional (default {default}{where})"
     )
+
+
+def closed_loop_main(
+    parser: argparse.ArgumentParser,
+    script: str,
+    max_tokens_help: str,
+    benchmark: Callable[[argparse.Namespace, str, str], int],
+) -> int:
+    """The flags a closed-loop benchmark on the torch model ends with (--max-tokens, --out), then
+    `benchmark(args, out, command)` run as a command (one error line for a user's mistake, Ctrl-C handled) once torch
+    is known to be there; `out` is --out's path stem, `command` the command line that made the run."""
+    from sim import cli
+
+    name = Path(script).stem
+    parser.add_argument("--max-tokens", type=cli.int_in(1, 100_000), help=max_tokens_help)
+    add_out(parser, name, committed=True)
+    args = parser.parse_args()
+
+    def run() -> int:
+        require_torch(f"benchmarks/{name}.py")
+        return benchmark(args, stem(args.out), command_line(script))
+
+    return cli.run(run)
 
 
 def write_results(

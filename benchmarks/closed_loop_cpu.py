@@ -35,29 +35,23 @@ error; `summary.noise` has the reasons and figures, and the run prints them in a
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import numpy as np  # noqa: E402
-from _harness import (  # noqa: E402
+from _harness import (  # noqa: E402  (it puts the repository on sys.path and keeps the hub away)
+    ROOT,
     Load,
-    add_out,
     attach_cpu,
-    command_line,
+    closed_loop_main,
     judge,
     load_lines,
     metered_runs,
     note,
     relative,
     speedup_noise_points,
-    stem,
     write_results,
 )
 
@@ -66,7 +60,7 @@ from sim.engine.costs import CostProfile, load_profile  # noqa: E402
 from sim.engine.timing import recurrence_timing  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
 from sim.hardware.arms import PLAIN, build_arms  # noqa: E402
-from sim.hardware.options import ARCH_NAMES, MAX_THREADS, require_torch  # noqa: E402
+from sim.hardware.options import ARCH_NAMES, MAX_THREADS  # noqa: E402
 from sim.rows.config import PolicyConfig  # noqa: E402
 from sim.rows.replay import require_widths, run_trace, time_trace_run  # noqa: E402
 
@@ -141,18 +135,11 @@ def main() -> int:
         default=1,
         help="torch CPU threads (default 1: the 2 cores are shared with other jobs)",
     )
-    parser.add_argument(
-        "--max-tokens",
-        type=cli.int_in(1, 100_000),
-        help="cut every trace at this many tokens (default: whole traces; a small cap makes a smoke run)",
-    )
-    add_out(parser, "closed_loop_cpu", committed=True)
-    args = parser.parse_args()
-    return cli.run(lambda: _benchmark(args))
+    help = "cut every trace at this many tokens (default: whole traces; a small cap makes a smoke run)"
+    return closed_loop_main(parser, __file__, help, _benchmark)
 
 
-def _benchmark(args: argparse.Namespace) -> int:
-    require_torch("benchmarks/closed_loop_cpu.py")
+def _benchmark(args: argparse.Namespace, out: str, command: str) -> int:
     import torch
 
     from sim.hardware import interleave, report
@@ -161,8 +148,6 @@ def _benchmark(args: argparse.Namespace) -> int:
     from sim.hardware.torch.measure import measure, pool, profile_data
     from sim.hardware.torch.model import load_model, versions
 
-    out = stem(args.out)
-    command = command_line(__file__)
     load = Load()
     torch.set_num_threads(args.threads)
     note(f"loading the {args.arch} model ...")

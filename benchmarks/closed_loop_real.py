@@ -30,25 +30,19 @@ into the cache on first use (python -m sim.models fetch smollm2-135m-instruct). 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from _harness import (  # noqa: E402
-    add_out,
-    command_line,
+from _harness import (  # noqa: E402  (it puts the repository on sys.path and keeps the hub away)
+    ROOT,
+    closed_loop_main,
     free_running,
     judge,
     load_lines,
     recorded_group,
     relative,
     speedup_noise_points,
-    stem,
     write_results,
 )
 
@@ -57,7 +51,6 @@ from sim.core.errors import UserError  # noqa: E402
 from sim.engine.costs import load_profile  # noqa: E402
 from sim.engine.trace import Trace, read_trace  # noqa: E402
 from sim.hardware.arms import PLAIN, build_arms  # noqa: E402
-from sim.hardware.options import require_torch  # noqa: E402
 from sim.rows.replay import require_widths  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -101,23 +94,14 @@ def main() -> int:
     parser.add_argument(
         "--profile", default=PROFILE, metavar="PATH|NAME", help=f"cost profile to predict with (default {PROFILE})"
     )
-    parser.add_argument(
-        "--max-tokens",
-        type=cli.int_in(1, 100_000),
-        help="stop every run at this many tokens (default: the traces' own cap, 256; a small cap makes a smoke run)",
-    )
-    add_out(parser, "closed_loop_real", committed=True)
-    args = parser.parse_args()
-    return cli.run(lambda: _benchmark(args))
+    help = "stop every run at this many tokens (default: the traces' own cap, 256; a small cap makes a smoke run)"
+    return closed_loop_main(parser, __file__, help, _benchmark)
 
 
-def _benchmark(args: argparse.Namespace) -> int:
-    require_torch("benchmarks/closed_loop_real.py")
+def _benchmark(args: argparse.Namespace, out: str, command: str) -> int:
     from sim.hardware import report
     from sim.hardware.torch.model import versions
 
-    out = stem(args.out)
-    command = command_line(__file__)
     profile = load_profile(args.profile)
     traces = [read_trace(str(p)) for p in select(CORPUS, args.per_group)]
     arms = build_arms(POLICIES, [])
