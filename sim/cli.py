@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sim.core.errors import UserError
+from sim.core.params import decimal, integer  # argparse's `type`s: cli.integer, cli.decimal
 
 
 class Parser(argparse.ArgumentParser):
@@ -77,7 +78,7 @@ def int_in(low: int, high: int) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = integer(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if not low <= value <= high:
@@ -92,9 +93,9 @@ def float_in(low: float, high: float, *, low_open: bool = False) -> Callable[[st
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+            value = decimal(text)
+        except ValueError:  # not a number, or not a finite one: the range below says what is
+            value = math.nan
         inside = (low < value if low_open else low <= value) and value <= high
         if not math.isfinite(value) or not inside:
             bracket = "(" if low_open else "["

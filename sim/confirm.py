@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a policy file ({policy, params}, e.g. a study's best.yaml) as one more arm; repeatable",
     )
     parser.add_argument(
-        "--reps", type=int, default=3, help=f"interleaved repetitions per trace, 1..{MAX_REPS} (default 3)"
+        "--reps", type=cli.integer, default=3, help=f"interleaved repetitions per trace, 1..{MAX_REPS} (default 3)"
     )
     parser.add_argument(
         "--control",
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="force the trace's tokens: real forwards and costs for weights that did not produce it",
     )
-    parser.add_argument("--max-tokens", type=int, help="stop earlier than the trace did (may only shorten it)")
+    parser.add_argument("--max-tokens", type=cli.integer, help="stop earlier than the trace did (may only shorten it)")
     parser.add_argument(
         "--out", type=cli.nonblank, required=True, metavar="DIR", help="folder for confirm.json and confirm.md"
     )

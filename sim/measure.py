@@ -47,22 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", help="profile name (default: the file name without .yaml)")
     parser.add_argument(
         "--prompt-tokens",
-        type=int,
+        type=cli.integer,
         help=f"prefill length before the step and width measurements, 2..{MAX_CONTEXT} and within the model's "
         f"positions (default {DEFAULT_PROMPT_TOKENS})",
     )
     parser.add_argument(
         "--max-width",
-        type=int,
+        type=cli.integer,
         default=DEFAULT_MAX_WIDTH,
         help=f"widest verify forward measured, W, 1..{MAX_WIDTH}; a configuration needs W >= max_draft + 1 "
         f"(default {DEFAULT_MAX_WIDTH}: every committed configuration)",
     )
     parser.add_argument(
-        "--rounds", type=int, default=21, help=f"measured rounds per quantity, 1..{MAX_ROUNDS}; medians (default 21)"
+        "--rounds",
+        type=cli.integer,
+        default=21,
+        help=f"measured rounds per quantity, 1..{MAX_ROUNDS}; medians (default 21)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=3, help=f"unmeasured rounds per width first, 0..{MAX_WARMUP} (default 3)"
+        "--warmup", type=cli.integer, default=3, help=f"unmeasured rounds per width first, 0..{MAX_WARMUP} (default 3)"
     )
     parser.add_argument(
         "--steps",
@@ -87,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--prefill-rounds",
-        type=int,
+        type=cli.integer,
         default=5,
         help=f"measured prefills per length, 1..{MAX_PREFILL_ROUNDS} (default 5)",
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from sim import cli
 from sim.core.errors import PlotError
 from sim.core.io import check_file_name, check_writable_folder, refuse_inputs_as_outputs
+from sim.core.params import integer
 from sim.figures.style import DPI, MAX_DPI, MIN_DPI, file_part
 from sim.rows.rounds import read_rounds
 
@@ -108,9 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _baseline(text: str) -> int | None:
     if text.lower() == "none":
         return None
-    if not text.isdigit():
+    try:
+        number = integer(text)
+    except ValueError:
+        number = -1
+    if number < 0:
         raise PlotError(f"--baseline-trial must be a trial number or none, got {text!r}")
-    return int(text)
+    return number
 
 
 def main(argv: Sequence[str] | None = None) -> int:

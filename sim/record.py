@@ -48,13 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=cli.integer,
         default=400,
         help=f"token cap per prompt, 1..{MAX_TOKENS} and within the model's positions (default 400)",
     )
     parser.add_argument(
         "--top",
-        type=int,
+        type=cli.integer,
         default=0,
         metavar="K",
         help=f"also record the top K [id, logit] candidates per token, 0..{MAX_TOP} (default 0: margins only)",
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-model-len",
-        type=int,
+        type=cli.integer,
         default=4096,
         help="with --engine vllm: vLLM's max_model_len, 2..1048576 (default 4096)",
     )

@@ -159,7 +159,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=cli.integer,
         help=f"stop generation earlier than the trace did (may only shorten it; 1..{MAX_REPLY_TOKENS})",
     )
     parser.add_argument(

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -199,6 +200,11 @@ def _bounded_yaml_int(loader: StrictYAMLLoader, node: yaml.ScalarNode) -> int:
 
 
 StrictYAMLLoader.add_constructor("tag:yaml.org,2002:int", _bounded_yaml_int)
+# YAML 1.1 reads a float only with a dot, so `1e-6` would be the string '1e-6'; YAML 1.2 and JSON read it as the
+# number every range in the docs is written with (so is `1.5e3`: YAML 1.1 wants a sign in the exponent).
+StrictYAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def parse_yaml(text: str, path: str | os.PathLike[str], error: type[UserError]) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from sim.core.errors import ConfigError
+from sim.core.io import MAX_INT_DIGITS
 
 # Most tokens one round may propose or one n-gram may span: mlxcel drafts at most a few, and the lookup and the cost
 # profiles are sized by it, so a typo such as max_draft=1000000000 is refused rather than run out of memory.
@@ -29,6 +31,33 @@ NO_CAP = 1 << 62
 # Largest magnitude a policy's real-valued parameter may take; averages stay within a few tokens, and products of
 # such values must stay finite.
 MAX_MAGNITUDE = 1e6
+
+
+# An integer as a user writes one: ASCII decimal digits, an optional minus, no leading zero. Python's int() also takes
+# " 4", "+4", "04", "4_0" and other scripts' digits ("٤"), so two spellings could name one batch size.
+_CANONICAL_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+
+def integer(text: str) -> int:
+    """`text` as an integer if it is written the one canonical way, else ValueError (the caller names the key). Also
+    argparse's `type` for an integer flag: its usage error reads "invalid integer value: '4_0'"."""
+    if len(text.lstrip("-")) > MAX_INT_DIGITS or not _CANONICAL_INT.fullmatch(text):
+        raise ValueError(f"not a decimal integer: {text!r}")
+    return int(text)
+
+
+# A number as a user writes one: ASCII digits with an optional sign, point and exponent. float() also takes "1_0",
+# other scripts' digits and "nan" or "infinity", none of which a setting means.
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def decimal(text: str) -> float:
+    """`text` as a finite number if it is written as one in ASCII decimal, else ValueError; argparse's `type` for
+    a number flag as well."""
+    value = float(text) if len(text) <= 64 and _DECIMAL.fullmatch(text) else math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"not a decimal number: {text[:64]!r}")
+    return value
 
 
 def param(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -51,14 +80,15 @@ def is_optional(cls: type, name: str) -> bool:
     return type(None) in typing.get_args(typing.get_type_hints(cls)[name])
 
 
-def coerce(cls: type, name: str, value: Any) -> Any:
-    """Check (and, for text from a command line, convert) one value against its field's type."""
+def coerce(cls: type, name: str, value: Any, typed: bool = False) -> Any:
+    """Check (and, for text from a command line, convert) one value against its field's type. `typed`: the value
+    comes from a JSON or YAML file, which has numbers of its own, so text is no number there and 1.0 no integer."""
     kind = value_type(cls, name)
     choices = fields_of(cls)[name].metadata.get("choices", ())
     optional = is_optional(cls, name)
-    if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
+    if optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null") and not typed)):
         return None
-    converted = _convert(kind, value, choices)
+    converted = _convert(kind, value, choices) if not typed or _typed_ok(kind, value) else None
     if converted is None:
         wanted = f"one of {', '.join(choices)}" if choices else kind.__name__
         if optional:
@@ -86,6 +116,16 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
+def _typed_ok(kind: type, value: Any) -> bool:
+    """Whether a value read from a file is of its field's kind as written: an integer field takes a JSON/YAML
+    integer only (not "4", not 4.0), a number field any number, a text field text."""
+    if kind is int:
+        return isinstance(value, int)
+    if kind is float:
+        return isinstance(value, (int, float))
+    return not isinstance(value, str) or kind is str
+
+
 def _convert(kind: type, value: Any, choices: tuple[str, ...]) -> Any:
     """The value as `kind`, or None when it is not one (bools are never numbers here)."""
     if isinstance(value, bool):
@@ -97,7 +137,7 @@ def _convert(kind: type, value: Any, choices: tuple[str, ...]) -> Any:
         if kind is bool:
             return {"true": True, "false": False}.get(text.lower())
         try:
-            value = float(text) if kind is float else int(text)
+            value = decimal(text) if kind is float else integer(text)
         except ValueError:
             return None
     if kind is int and isinstance(value, (int, float)) and float(value).is_integer():
@@ -107,14 +147,15 @@ def _convert(kind: type, value: Any, choices: tuple[str, ...]) -> Any:
     return None
 
 
-def build_params(cls: type, values: dict[str, Any], what: str) -> Any:
-    """Load a mapping into a frozen params dataclass; unknown keys name the allowed ones."""
+def build_params(cls: type, values: dict[str, Any], what: str, typed: bool = False) -> Any:
+    """Load a mapping into a frozen params dataclass; unknown keys name the allowed ones. `typed`: the mapping was
+    read from a JSON or YAML file (`coerce`)."""
     allowed = fields_of(cls)
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise ConfigError(f"unknown {what} parameter(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
     try:
-        return cls(**{k: coerce(cls, k, v) for k, v in values.items()})
+        return cls(**{k: coerce(cls, k, v, typed) for k, v in values.items()})
     except ConfigError as err:
         raise ConfigError(f"{what}: {err}") from None
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from sim.core.errors import ModelError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs
+from sim.core.params import integer
 from sim.engine.trace import Trace
 
 # The named random-weight architectures of sim/hardware/torch/model.py (ARCHS there must list exactly these, in
@@ -74,7 +75,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         help="with --model: build the checkpoint's architecture with random weights instead of "
         "loading them (--arch always uses random weights)",
     )
-    group.add_argument("--seed", type=int, default=0, help=f"seed of the random weights, 0..{MAX_SEED} (default 0)")
+    group.add_argument("--seed", type=integer, default=0, help=f"seed of the random weights, 0..{MAX_SEED} (default 0)")
     group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when there is one)")
     group.add_argument(
         "--dtype",
@@ -84,7 +85,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--threads",
-        type=int,
+        type=integer,
         help=f"CPU threads for torch, 1..{MAX_THREADS} (default: torch's choice); 1 steadies timings on a shared "
         "machine",
     )

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from sim.core.errors import ProfileError
+from sim.core.errors import ProfileError, UserError
+from sim.core.io import parse_yaml
 from sim.engine.costs import BUNDLED, DEFAULT_PROFILE, bundled_profiles, load_profile, profile_from_dict
 
 REFERENCE = ROOT / "traces" / "profiles" / "reference" / "gb10-2026-10-02" / "verify_width_cost.txt"
@@ -325,3 +326,25 @@ def test_the_measured_vllm_profile():
         assert sorted(int(w) for w in counts) == list(range(1, 10)) and min(counts.values()) >= 8
         assert set(raw["measurements"]["pooled_medians_ms"][str(context)]) == set(counts)
     assert profile.prefill_ms(1000) > profile.prefill_ms(100) > 0
+
+
+def test_exponent_numbers_in_a_profile_are_numbers(tmp_path):
+    """`1e1` and `1.2e1` are numbers, as the documented ranges (1e-6..1e6) are written; YAML 1.1 alone would read
+    them as text and refuse the profile with "got '1e1'"."""
+    path = tmp_path / "p.yaml"
+    path.write_text("pipelined_ms: 1e1\nsync_ms: [1.2e1, 15]\n")
+    profile = load_profile(str(path))
+    assert (profile.pipelined_ms, profile.sync(1)) == (10.0, 12.0)
+    path.write_text("pipelined_ms: 1e7\nsync_ms: [1.2e1, 15]\n")
+    with pytest.raises(ProfileError, match=r"pipelined_ms .*got 10000000"):
+        load_profile(str(path))
+
+
+def test_every_committed_yaml_file_reads_as_plain_yaml_reads_it():
+    """The strict loader's exponent numbers change no committed file: each parses as yaml.safe_load parses it."""
+    listed = subprocess.run(["git", "ls-files", "*.yaml", "*.yml"], cwd=ROOT, capture_output=True, text=True)
+    files = listed.stdout.split()
+    assert len(files) > 20
+    for name in files:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        assert parse_yaml(text, name, UserError) == yaml.safe_load(text), name

@@ -235,12 +235,12 @@ def _record_flag(flag: str, value: str, fragment: str) -> Callable[[Path], Built
 
 
 def r_top_nan(t: Path) -> Built:
-    return record.main, _record(t, [trace(t)], "--top", "nan"), ["argument --top: invalid int value: 'nan'"]
+    return record.main, _record(t, [trace(t)], "--top", "nan"), ["argument --top: invalid integer value: 'nan'"]
 
 
 def r_max_tokens_float(t: Path) -> Built:
     argv = _record(t, [trace(t)], "--max-tokens", "1e8")
-    return record.main, argv, ["argument --max-tokens: invalid int value: '1e8'"]
+    return record.main, argv, ["argument --max-tokens: invalid integer value: '1e8'"]
 
 
 def r_random_weights_with_arch(t: Path) -> Built:
@@ -546,7 +546,7 @@ CASES: list = [
     pytest.param(_record_flag("--max-tokens", "0", "--max-tokens must be >= 1, got 0"), id="r_max_tokens_0"),
     pytest.param(_record_flag("--max-tokens", "1000000000", "--max-tokens must be <= 1000000"), id="r_max_tokens_huge"),
     pytest.param(
-        _record_flag("--max-tokens", "9" * 5000, "argument --max-tokens: invalid int value"),
+        _record_flag("--max-tokens", "9" * 5000, "argument --max-tokens: invalid integer value"),
         id="r_max_tokens_5000_digits",
     ),
     r_max_tokens_float,
@@ -579,7 +579,9 @@ CASES: list = [
     pytest.param(_measure_flag("--max-width", "100000", "--max-width must be <= 128"), id="m_width_huge"),
     pytest.param(_measure_flag("--rounds", "0", "--rounds must be >= 1"), id="m_rounds_0"),
     pytest.param(_measure_flag("--rounds", "10000000", "--rounds must be <= 10000"), id="m_rounds_huge"),
-    pytest.param(_measure_flag("--rounds", "inf", "argument --rounds: invalid int value: 'inf'"), id="m_rounds_inf"),
+    pytest.param(
+        _measure_flag("--rounds", "inf", "argument --rounds: invalid integer value: 'inf'"), id="m_rounds_inf"
+    ),
     pytest.param(_measure_flag("--warmup", "-1", "--warmup must be >= 0"), id="m_warmup_negative"),
     pytest.param(_measure_flag("--warmup", "99999", "--warmup must be <= 1000"), id="m_warmup_huge"),
     pytest.param(_measure_flag("--prefill-rounds", "0", "--prefill-rounds must be >= 1"), id="m_prefill_rounds_0"),

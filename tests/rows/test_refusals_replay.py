@@ -317,6 +317,11 @@ _bad_flag("--set ngram_max=100", ["ngram_max must be in 1..64"], "--set", "ngram
 _bad_flag("--set a 5000-digit max_draft", ["max_draft must be int", "..."], "--set", "max_draft=" + "9" * 5000)
 _bad_flag("--set block_slope=1e308", ["block_slope must be in"], "--policy", "graded", "--set", "block_slope=1e308")
 _bad_flag("--set start_average=inf", ["start_average must be float"], "--set", "start_average=inf")
+# Numbers have one spelling: Python's int() and float() also read "4_0", "+4", " 4" and other scripts' digits.
+_bad_flag("--set max_draft=4_0", ["max_draft must be int, got '4_0'"], "--set", "max_draft=4_0")
+_bad_flag("--max-draft +4", ["--max-draft", "expected an integer, got '+4'"], "--max-draft", "+4")
+_bad_flag("--jitter in other digits", ["--jitter", "[0, 1]"], "--jitter", "\u0660.\u0661")
+_bad_flag("--set full_at=1_5", ["full_at must be float, got '1_5'"], "--set", "full_at=1_5")
 _bad_flag("--max-tokens 10**12", ["--max-tokens must be >= 1 and at most"], "--max-tokens", str(10**12))
 _bad_flag("--max-tokens 0", ["--max-tokens must be >= 1"], "--max-tokens", "0")
 _bad_flag('--compare ""', ["--compare", "expected a value, got an empty one"], "--compare", "")

@@ -14,7 +14,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from sim.core.errors import StudyError
-from sim.core.io import naming, read_bytes, write_atomic
+from sim.core.io import naming, parse_yaml, read_bytes, write_atomic
 from sim.tuning import trials as stored
 from sim.tuning.specs.common import default_out
 from sim.tuning.storage.url import redacted, same_storage
@@ -134,8 +134,8 @@ def report_origin(out: Path) -> tuple[str | None, str | None] | None:
     if best.exists() or best.is_symlink():
         text = read_bytes(best, StudyError, "best.yaml").decode("utf-8", "replace")
         try:
-            notes = yaml.safe_load(text).get("notes", "")
-        except (yaml.YAMLError, AttributeError):
+            notes = parse_yaml(text, best, StudyError).get("notes", "")  # the strict loader: no alias bomb here either
+        except (StudyError, AttributeError):
             notes = ""
         found = BEST_NOTES.match(notes) if isinstance(notes, str) else None
         return (found.group(1) if found else None, None)
