@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from sim.core.errors import ConfigError
 from sim.core.io import load_json
-from sim.core.params import MAX_SPAN, LoopParams, build_params, check_range, fields_of, param
+from sim.core.params import MAX_SPAN, LoopParams, build_params, check_range, fields_of, integer, param
 from sim.core.protocols import EngineSettings, Governor, Slot, StepPricer, reads_costs
 from sim.core.registry import Registry
 
@@ -265,9 +265,11 @@ def parse_draft_len_schedule(value: Any) -> tuple[tuple[int, int], ...]:
     entries = []
     for key, length in value.items():
         try:
-            threshold = int(key)
+            threshold = integer(key)  # one spelling per batch size: " 4", "04" and "4" would collide
         except ValueError:
-            raise ConfigError(f"draft_len_schedule: keys are batch sizes, got {key!r}") from None
+            raise ConfigError(
+                f'draft_len_schedule: keys are batch sizes written as plain decimal integers ("4"), got {key!r}'
+            ) from None
         if not 1 <= threshold <= MAX_BATCH or not isinstance(length, int) or isinstance(length, bool):
             raise ConfigError(f"draft_len_schedule: batch size >= 1 and integer length needed, got {key!r}: {length!r}")
         check_range("draft_len_schedule length", length, 0, MAX_SPAN, "an integer")
@@ -466,6 +468,14 @@ class GoodputParams:
         check_range("request_weight", self.request_weight, 0.0, 1e6)
 
 
+def _smoothed(hits: float, tests: float, prior: float, weight: float) -> float:
+    """Acceptance per draft token: `hits / tests` with `prior` counted as `weight` tokens of evidence. A weight of 0
+    smooths nothing: the observed rate once anything is tested, the prior until then (0 / 0 has no rate)."""
+    if tests + weight == 0:
+        return prior
+    return (hits + prior * weight) / (tests + weight)
+
+
 @register("goodput")
 class BatchGoodput(Speculation[GoodputParams]):
     """Per step, the K per request that maximises the batch's expected emitted tokens per millisecond of step time
@@ -497,9 +507,8 @@ class BatchGoodput(Speculation[GoodputParams]):
 
     def acceptance(self, rid: int) -> float:
         p = self.params
-        engine = (self.all_hits + p.prior * p.prior_weight) / (self.all_tests + p.prior_weight)
-        hits, tests = self.hits.get(rid, 0.0), self.tests.get(rid, 0.0)
-        return (hits + engine * p.request_weight) / (tests + p.request_weight)
+        engine = _smoothed(self.all_hits, self.all_tests, p.prior, p.prior_weight)
+        return _smoothed(self.hits.get(rid, 0.0), self.tests.get(rid, 0.0), engine, p.request_weight)
 
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
         if self.pricer is None:
