@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import ConfigError
-from sim.core.io import load_json
+from sim.core.io import decode_text, load_json, read_bytes
 from sim.core.params import MAX_SPAN, LoopParams, check_range, param
 from sim.core.protocols import EngineSettings
 
@@ -191,6 +191,7 @@ class Vllm(EngineSettings[VllmParams]):
 
 # ---------------------------------------------------------------- vLLM's own dict, as a user pastes it
 
+METHOD_KEYS = {"ngram": ("prompt_lookup_min", "prompt_lookup_max"), "suffix": tuple(SUFFIX_DEFAULTS)}
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", SCHEDULE_KEY) + tuple(
     SUFFIX_DEFAULTS
 )
@@ -211,7 +212,12 @@ def from_speculative_config(raw: Any, where: str = "--speculative-config") -> Vl
         values.setdefault("num_speculative_tokens", None)  # vLLM: the tree depth
     elif "num_speculative_tokens" not in values:
         raise ConfigError(f"{where}: method ngram needs num_speculative_tokens (vLLM has no default)")
+    _refuse_other_methods_keys(values, where)
     if SCHEDULE_KEY in values and values[SCHEDULE_KEY] is not None:
+        if not isinstance(values[SCHEDULE_KEY], list):  # vLLM takes the list itself; JSON text in JSON is no list
+            raise ConfigError(
+                f"{where}: {SCHEDULE_KEY} must be a list of [start, end, K] ranges, got {values[SCHEDULE_KEY]!r}"
+            )
         values[SCHEDULE_KEY] = json.dumps([list(r) for r in _schedule_at(values[SCHEDULE_KEY], where)])
     for key, value in values.items():
         if isinstance(value, (dict, list)):
@@ -220,6 +226,15 @@ def from_speculative_config(raw: Any, where: str = "--speculative-config") -> Vl
         return VllmParams(**{k: _coerce(k, v) for k, v in values.items()})
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
+
+
+def _refuse_other_methods_keys(values: dict[str, Any], where: str) -> None:
+    """A key of the other proposer would be dropped without a word (vLLM's ngram proposer reads no suffix_decoding_*
+    key, its suffix proposer no prompt_lookup_*): refused, naming the method it belongs to."""
+    for key in values:
+        owner = next((method for method, keys in METHOD_KEYS.items() if key in keys), values["method"])
+        if owner != values["method"]:
+            raise ConfigError(f"{where}: {key} is a key of method {owner}, not of {values['method']}")
 
 
 def _schedule_at(value: Any, where: str) -> tuple[tuple[int, int, int], ...]:
@@ -232,7 +247,7 @@ def _schedule_at(value: Any, where: str) -> tuple[tuple[int, int, int], ...]:
 def _coerce(key: str, value: Any) -> Any:
     from sim.core.params import coerce
 
-    return coerce(VllmParams, key, value)
+    return coerce(VllmParams, key, value, typed=True)  # from JSON: "4" and 4.0 are no integers
 
 
 def read_speculative_config(text: str) -> VllmParams:
@@ -246,15 +261,9 @@ def read_speculative_json(text: str) -> tuple[Any, str]:
     """The decoded JSON of `--speculative-config JSON|FILE` (strictly read) and where it came from."""
     source = "--speculative-config"
     if not text.lstrip().startswith(("{", "[")):
-        path = text
-        try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read(1 << 20)
-        except OSError as err:
-            raise ConfigError(f"--speculative-config: cannot read {path}: {err.strerror or err}") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"--speculative-config: {path} is not UTF-8 text") from None
-        source = path
+        # A file, read whole by the strict reader: it refuses a FIFO (opening one would wait forever) or a device.
+        source = text
+        text = decode_text(read_bytes(source, ConfigError, "speculative_config JSON file"), source, ConfigError)
     try:
         json.loads(text)  # first plainly, for the line and column of a syntax error
     except json.JSONDecodeError as err:

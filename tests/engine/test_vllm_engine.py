@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import BUNDLED_TRACES
+from conftest import BUNDLED_TRACES, ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,6 +72,19 @@ def test_speculative_config_as_vllm_resolves_it():
         ({"method": "suffix", "num_speculative_tokens_per_batch_size": [[1, 4, 2]]}, "method ngram only"),
         ({"method": "suffix", "suffix_decoding_min_token_prob": 2}, "suffix_decoding_min_token_prob must be in"),
         ([1, 2], "expected a JSON object"),
+        ({"method": "ngram", "num_speculative_tokens": "4"}, "num_speculative_tokens must be int or null, got '4'"),
+        ({"method": "ngram", "num_speculative_tokens": 4.0}, "num_speculative_tokens must be int or null, got 4.0"),
+        ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1.0}, "prompt_lookup_min must be int"),
+        ({"method": "suffix", "suffix_decoding_max_tree_depth": "8"}, "suffix_decoding_max_tree_depth must be int"),
+        ({"method": "suffix", "prompt_lookup_min": 2}, "prompt_lookup_min is a key of method ngram, not of suffix"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 4, "suffix_decoding_max_tree_depth": 3},
+            "suffix_decoding_max_tree_depth is a key of method suffix, not of ngram",
+        ),
+        (
+            {"method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": "[[1, 4, 2]]"},
+            "num_speculative_tokens_per_batch_size must be a list of [start, end, K] ranges, got '[[1, 4, 2]]'",
+        ),
     ],
 )
 def test_bad_speculative_configs_are_one_line_naming_what_is_allowed(raw, message):
@@ -391,7 +404,6 @@ def test_vllm_suffix_answers_any_k_at_any_length_it_reached():
 def test_confirmation_markdown_shows_vllms_per_step_record():
     """sim.confirm --engine vllm's report renders rows whose counters are vLLM's per-step record (the committed
     closed loop's rows are such rows)."""
-    from conftest import ROOT
 
     from sim.hardware.report import markdown
 
@@ -411,3 +423,43 @@ def test_confirmation_markdown_shows_vllms_per_step_record():
     row = next(r for r in closed["rows"] if r["arm"] != "plain")
     drafted = row["counters"]["per_step_drafted"]
     assert f"| - | {len(drafted)} | {sum(row['counters']['per_step_accepted'])}/{sum(drafted)} |" in text
+
+
+def test_a_speculative_config_file_is_read_whole(tmp_path):
+    """What lies past the first MiB is read as well: an object, 1 MiB of spaces, then a second object is no JSON."""
+    path = tmp_path / "spec.json"
+    path.write_text('{"method": "ngram", "num_speculative_tokens": 3}' + " " * (1 << 20) + '{"method": "eagle"}')
+    with pytest.raises(ConfigError, match=rf"^{path}:1:\d+: not valid JSON \(Extra data\)$"):
+        read_speculative_config(str(path))
+
+
+def test_docs_say_how_vllms_suffix_streams_are_replayed_as_the_command_does(capsys):
+    """docs/vllm.md section 5 names what replays vLLM's suffix requests as one stream; `sim.replay --engine vllm`
+    refuses --as-stream and points there, so the docs must not send a reader to it."""
+    doc = (ROOT / "docs" / "vllm.md").read_text(encoding="utf-8")
+    section = doc.split("## 5. SuffixDecoding", 1)[1].split("\n## ", 1)[0]
+    spec = '{"method": "suffix", "num_speculative_tokens": 4}'
+    argv = ["traces/email.jsonl", "--engine", "vllm", "--speculative-config", spec, "--as-stream"]
+    assert replay_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "benchmarks/vllm_conformance.py" in err and "docs/vllm.md section 5" in err
+    assert "`--as-stream` in replay" not in section
+    assert "`sim.replay --engine vllm` replays each trace as a" in section and "`--as-stream`" in section
+    assert "`benchmarks/vllm_conformance.py`" in section and (ROOT / "benchmarks" / "vllm_conformance.py").is_file()
+
+
+def test_a_width_the_profile_lacks_names_the_bundled_profiles_that_price_it(capsys):
+    """vLLM's suffix K defaults to its tree depth (24): wider than the default profile prices. The error names the
+    bundled profiles that price the width and the flag, or the widest there is; the one it names then runs."""
+    argv = ["traces/email.jsonl", "--engine", "vllm", "--speculative-config"]
+    assert replay_main([*argv, '{"method": "suffix"}']) == 2
+    err = capsys.readouterr().err
+    assert "width 25 was asked for (lower num_speculative_tokens" in err
+    assert err.rstrip().endswith(
+        "no bundled profile prices width 25; the widest, cpu-smollm2-135m-instruct, measures 1..16"
+    )
+    spec = '{"method": "suffix", "num_speculative_tokens": 12}'
+    assert replay_main([*argv, spec]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("bundled profiles that price width 13: cpu-smollm2-135m-instruct (--profile NAME)")
+    assert replay_main([*argv, spec, "--profile", "cpu-smollm2-135m-instruct"]) == 0

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -359,6 +362,15 @@ def test_split_variants_keeps_schedules_whole():
         (["--rate", "2", "--profile", "no-such-profile"], "no-such-profile"),
         (["--rate", "2", "--max-model-len", "8"], "max_model_len"),
         (["--sweep-rates", "1,x"], "numbers"),
+        (["--rate", "2", "--compare", "static:"], "--compare static:: expected key=value, got ''"),
+        (
+            ["--rate", "2", "--speculative-config", '{"method": "lookup", "suffix_decoding_max_tree_depth": 3}'],
+            "method lookup takes prompt_lookup_min and prompt_lookup_max only, not suffix_decoding_max_tree_depth",
+        ),
+        (
+            ["--rate", "2", "--speculative-config", '{"method": "suffix", "prompt_lookup_min": 2}'],
+            "prompt_lookup_min is a key of method ngram, not of suffix",
+        ),
     ],
 )
 def test_command_refuses_bad_input_with_one_line(capsys, extra, message):
@@ -431,3 +443,63 @@ def test_steps_out_records_the_batch_over_time_and_is_not_overwritten(tmp_path, 
     capsys.readouterr()
     assert serve_main([*argv, "--compare", "none"]) != 0
     assert "already exists" in capsys.readouterr().err and out.read_bytes() == before
+
+
+@pytest.mark.parametrize("weights", ["prior_weight=0", "request_weight=0", "prior_weight=0:request_weight=0"])
+def test_goodput_with_a_zero_weight_smooths_nothing_and_serves(traces, weights):
+    """A weight of 0 counts the prior (or the engine-wide rate) for nothing: the observed rate once anything is
+    tested, the prior until then; a run of it serves every request and drafts."""
+    arrivals = generated(traces, rate=4.0, requests=20, seed=5)
+    values = dict(item.split("=") for item in weights.split(":"))
+    result = recurrence(engine_for(("goodput", values), ProfileCosts(CPU_LIKE)), arrivals)
+    assert all(r.request.done for r in result.requests)
+    assert sum(k * n for k, n in result.k_counts.items()) > 0
+    policy = make_speculation("goodput", {"prior_weight": 0, "request_weight": 0, "prior": 0.3})
+    assert policy.acceptance(1) == 0.3  # nothing tested yet: the prior
+    policy.all_hits, policy.all_tests = 3.0, 4.0
+    assert policy.acceptance(1) == 0.75  # the engine-wide rate, unsmoothed
+
+
+@pytest.mark.parametrize("key", [" 4", "04", "+4", "4_0", "\u0664", "4 "])
+def test_trtllm_schedule_keys_are_plain_decimal_batch_sizes(key):
+    """A key spelt otherwise could collide with "4" (the run would simulate one length and report the other)."""
+    with pytest.raises(ConfigError, match=r'batch sizes written as plain decimal integers \("4"\), got'):
+        parse_draft_len_schedule(json.dumps({key: 2, "8": 3}))
+    assert parse_draft_len_schedule('{"4": 2, "40": 3}') == ((4, 2), (40, 3))
+
+
+def test_command_refuses_colliding_schedule_keys_in_one_line(capsys):
+    argv = [str(CORPUS), "--duration", "5", "--profile", "h100-llama-3-8b", "--rate", "2"]
+    assert serve_main([*argv, "--compare", 'trtllm:draft_len_schedule={" 4":2,"4":3}']) == 2
+    err = capsys.readouterr().err
+    assert "keys are batch sizes written as plain decimal integers" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag", ["--max-num-seqs", "--seed"])
+@pytest.mark.parametrize("text", ["4_0", "+4", " 4", "\u0664"])
+def test_integer_flags_take_one_spelling_of_a_number(capsys, flag, text):
+    argv = [str(CORPUS), "--duration", "5", "--profile", "h100-llama-3-8b", "--rate", "2"]
+    with pytest.raises(SystemExit) as stop:
+        serve_main([*argv, flag, text])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and "Traceback" not in err
+
+
+def test_speculative_config_fifo_is_refused_not_waited_on(tmp_path):
+    """A FIFO named as the --speculative-config file: opening it would wait for a writer forever."""
+    fifo = tmp_path / "spec.json"
+    os.mkfifo(fifo)
+    argv = [str(CORPUS), "--duration", "5", "--profile", "h100-llama-3-8b", "--rate", "2"]
+    for command in (["sim.serve", *argv], ["sim.replay", "traces/email.jsonl", "--engine", "vllm"]):
+        done = subprocess.run(  # the timeout only stops a hang from stalling the suite
+            [sys.executable, "-m", *command, "--speculative-config", str(fifo)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip() == f"error: {fifo}: not a regular file (a pipe, device or socket); expected a " + (
+            "speculative_config JSON file"
+        )
