@@ -86,8 +86,24 @@ def test_a_text_parameter_needs_choices_and_choices_are_checked(tmp_path):
 
 def test_unknown_objective_and_sampler_list_the_allowed_ones(tmp_path):
     """Objectives and samplers are closed sets; errors name them."""
-    assert "allowed: geomean_speedup, mean_speedup, worst_row" in error_of(tmp_path, GOOD + "objective: median\n")
-    assert "allowed: tpe, nsga2, random" in error_of(tmp_path, GOOD + "sampler: {name: cmaes}\n")
+    message = error_of(tmp_path, GOOD + "objective: median\n")
+    assert "one of geomean_speedup, mean_speedup, worst_row," in message and message.endswith("got 'median'")
+    assert "sampler/name must be one of tpe, nsga2, random" in error_of(tmp_path, GOOD + "sampler: {name: cmaes}\n")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("objective: [geomean_speedup, worst_row]\n", "objective must be one of"),
+        ("objectives: [[geomean_speedup], worst_row]\n", "objectives must be one of"),
+        ("sampler: {name: [tpe]}\n", "sampler/name must be one of tpe, nsga2, random, got ['tpe']"),
+        ("sampler: {name: {a: 1}}\n", "sampler/name must be one of"),
+    ],
+)
+def test_a_name_given_as_a_list_or_mapping_is_refused_in_one_line(tmp_path, extra, expected):
+    """Names from a closed set are checked as text first: a list is no name (and no key of a dict)."""
+    message = error_of(tmp_path, GOOD + extra)
+    assert expected in message and "\n" not in message
 
 
 def test_two_objectives_default_to_nsga2(tmp_path):

@@ -253,7 +253,7 @@ def line_of(path: Path, needle: str) -> int:
         (
             lambda t: t.replace("  holdout_seeds:", "  objective: thruput\n  holdout_seeds:"),
             "objective: thruput",
-            "serving/objective: unknown objective 'thruput'; allowed: throughput, tpot, goodput",
+            "serving/objective must be one of throughput, tpot, goodput, got 'thruput'",
         ),
         (
             lambda t: t + "traces: [a.jsonl]\n",
@@ -290,6 +290,36 @@ def line_of(path: Path, needle: str) -> int:
             lambda t: t.replace("prompt_lookup_max: 4}", "prompt_lookup_max: 4, num_speculative_tokens: 3}"),
             "drafter:",
             "serving/drafter gives the drafter only; num_speculative_tokens is what the policy decides",
+        ),
+        (
+            lambda t: t.replace("  holdout_seeds:", "  objective: [tpot, throughput]\n  holdout_seeds:"),
+            "objective: [tpot",
+            "serving/objective must be one of throughput, tpot, goodput, got ['tpot', 'throughput']",
+        ),
+        (
+            lambda t: t.replace("{max_num_seqs: 32}", "{max_num_seqs: '32'}"),
+            "scheduler:",
+            "serving/scheduler: max_num_seqs must be int, got '32'",
+        ),
+        (
+            lambda t: t.replace("k1: {low: 0, high: 8}", "k1: {low: 0, high: 700}"),
+            "k1:",
+            "search_space/k1: k1 must be an integer in 0..64, got 700",
+        ),
+        (
+            lambda t: t.replace("k1: {low: 0, high: 8}", "k1: {low: 0, high: 8.0}"),
+            "k1:",
+            "search_space/k1: k1 must be int, got 8.0",
+        ),
+        (
+            lambda t: t.replace("prompt_lookup_max: 4}", "prompt_lookup_max: '4'}"),
+            "drafter:",
+            "serving/drafter: prompt_lookup_max must be int or null, got '4'",
+        ),
+        (
+            lambda t: t.replace("prompt_lookup_max: 4}", "prompt_lookup_max: 4, suffix_decoding_max_tree_depth: 3}"),
+            "drafter:",
+            "serving/drafter: suffix_decoding_max_tree_depth is a key of method suffix, not of ngram",
         ),
         (
             lambda t: t.replace("{max_num_seqs: 32}", "{max_num_seq: 32}"),

@@ -81,6 +81,19 @@ class Dimension:
         return f"{self.kind} in [{self.low}, {self.high}]{scale}{step}"
 
 
+def _bound(cls: type, field: str, value: Any) -> Any:
+    """A value the search may try, of the field's type as YAML wrote it, and within the field's own range: the
+    parameters are built with it alone, and an error about that field (`k1 must be an integer in 0..64`) is the
+    spec's. Errors about how fields combine are left to the trial that combines them."""
+    value = coerce(cls, field, value, typed=True)
+    try:
+        cls(**{field: value})
+    except ConfigError as err:
+        if str(err).startswith(f"{field} "):
+            raise
+    return value
+
+
 def read_dimension(r: Reader, name: str, raw: Any, owners: dict[str, type]) -> Dimension:
     where = ("search_space", name)
     r.check_keys(raw, DIMENSION_KEYS, *where)
@@ -91,7 +104,8 @@ def read_dimension(r: Reader, name: str, raw: Any, owners: dict[str, type]) -> D
         if "choices" in raw:
             if set(raw) != {"choices"} or not isinstance(raw["choices"], list) or not raw["choices"]:
                 raise r.fail(f"search_space/{name}: choices must be a non-empty list and stand alone", *where)
-            return Dimension(name, "categorical", choices=tuple(coerce(cls, field, v) for v in raw["choices"]))
+            choices = tuple(_bound(cls, field, v) for v in raw["choices"])
+            return Dimension(name, "categorical", choices=choices)
         if kind not in (int, float):
             raise r.fail(f"search_space/{name}: a {kind.__name__} parameter needs choices: [...]", *where)
         for bound in ("low", "high"):
@@ -99,8 +113,8 @@ def read_dimension(r: Reader, name: str, raw: Any, owners: dict[str, type]) -> D
                 raise r.fail(
                     f"search_space/{name}: missing {bound!r} (a {kind.__name__} range needs low and high)", *where
                 )
-        low, high = coerce(cls, field, raw["low"]), coerce(cls, field, raw["high"])
-        step = coerce(cls, field, raw["step"]) if raw.get("step") is not None else None
+        low, high = _bound(cls, field, raw["low"]), _bound(cls, field, raw["high"])
+        step = coerce(cls, field, raw["step"], typed=True) if raw.get("step") is not None else None
     except ConfigError as err:
         raise r.fail(f"search_space/{name}: {err}", *where) from None
     log = raw.get("log", False)
@@ -161,9 +175,9 @@ class SearchSettings(typing.NamedTuple):
 def search_settings(r: Reader, raw: dict[str, Any], name: str, objectives: int) -> SearchSettings:
     """The keys every study has, whatever it evaluates: sampler, n_trials, timeout, storage."""
     sampler_raw = r.check_keys(raw.get("sampler") or {}, ("name", "seed"), "sampler")
-    sampler = sampler_raw.get("name", "nsga2" if objectives > 1 else "tpe")
-    if sampler not in SAMPLERS:
-        raise r.fail(f"unknown sampler {sampler!r}; allowed: {', '.join(SAMPLERS)}", "sampler", "name")
+    sampler = r.choice(
+        sampler_raw.get("name", "nsga2" if objectives > 1 else "tpe"), SAMPLERS, "sampler/name", "sampler", "name"
+    )
     seed = number(r, sampler_raw.get("seed", 0), "sampler seed", "sampler", "seed", integer=True, low=0, high=MAX_SEED)
     n_trials = number(r, raw.get("n_trials", 100), "n_trials", "n_trials", integer=True, low=0, high=MAX_TRIALS)
     timeout = raw.get("timeout")

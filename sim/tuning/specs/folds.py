@@ -55,9 +55,7 @@ def read_validation(
     if raw is None:
         return None
     r.check_keys(raw, ("by", "method", "k", "seed", "holdout"), "validation")
-    by = raw.get("by")
-    if by not in VALIDATION_BY:
-        raise r.fail(f"validation/by must be one of {', '.join(VALIDATION_BY)}, got {by!r}", "validation", "by")
+    by = r.choice(raw.get("by"), VALIDATION_BY, "validation/by", "validation", "by")
     units = _units(by, traces, groups, profiles)
     seed = number(r, raw.get("seed", 0), "validation/seed", "validation", "seed", integer=True, low=0, high=MAX_SEED)
     if ("method" in raw) == ("holdout" in raw):
@@ -86,11 +84,7 @@ def read_validation(
             )
         fold = Fold(0, by, tuple(sorted(held)))
         return Validation(by, "holdout", (fold,), seed=seed, holdout=tuple(patterns))
-    method = raw["method"]
-    if method not in VALIDATION_METHODS:
-        raise r.fail(
-            f"validation/method must be one of {', '.join(VALIDATION_METHODS)}, got {method!r}", "validation", "method"
-        )
+    method = r.choice(raw["method"], VALIDATION_METHODS, "validation/method", "validation", "method")
     if method == "leave_one_out":
         if "k" in raw:
             raise r.fail(

@@ -32,6 +32,14 @@ class Reader:
                 raise self.fail(f"unknown key {name!r} in {what}; allowed: {', '.join(allowed)}", *key, str(name))
         return raw
 
+    def choice(self, value: Any, choices: typing.Iterable[str], what: str, *key: str) -> str:
+        """A name from the spec that must be one of `choices`; anything else (a list, a mapping, a number, an unknown
+        name) is a `file:line` error listing them. Checked as text first: a list is no name, and unhashable."""
+        allowed = list(choices)
+        if not isinstance(value, str) or value not in allowed:
+            raise self.fail(f"{what} must be one of {', '.join(allowed)}, got {value!r}", *key)
+        return value
+
 
 @typing.overload
 def number(

@@ -176,19 +176,15 @@ def serving_spec(r: Reader, raw: dict[str, Any], path: str, text: str, sha256: s
     drafter = _drafter(r, section.get("drafter", DEFAULT_DRAFTER))
     scheduler_keys = r.check_keys(section.get("scheduler") or {}, fields_of(SchedulerParams), "serving", "scheduler")
     try:
-        scheduler = build_params(SchedulerParams, scheduler_keys, "scheduler")
+        scheduler = build_params(SchedulerParams, scheduler_keys, "scheduler", typed=True)
     except ConfigError as err:
         raise r.fail(f"serving/{err}", "serving", "scheduler") from None
     load = read_load(r, section.get("arrivals"))
     rates = read_rates(r, section["rates"], "rates")
     slo = read_slo(r, section.get("slo"))
-    objective = section.get("objective", "throughput")
-    if objective not in OBJECTIVES:
-        raise r.fail(
-            f"serving/objective: unknown objective {objective!r}; allowed: {', '.join(OBJECTIVES)}",
-            "serving",
-            "objective",
-        )
+    objective = r.choice(
+        section.get("objective", "throughput"), OBJECTIVES, "serving/objective", "serving", "objective"
+    )
     if objective == "goodput" and slo == Slo():
         raise r.fail("serving/objective goodput needs serving/slo: {ttft_ms, tpot_ms}", "serving", "objective")
     constraints = read_constraints(r, section.get("constraints"))
