@@ -63,15 +63,16 @@ def sync_ms(width: int) -> float:
 
 
 @contextmanager
-def scripted_clock(stalled_width_1: int = 0) -> Iterator[None]:
+def scripted_clock(stalls: int = 0, stalled_width: int = 1) -> Iterator[None]:
     """The clock of sim.measure and sim.confirm, advanced by the fixed costs above as each real forward is read
-    (the first `stalled_width_1` width-1 verifies also stall STALL_MS, as when another process takes the core)."""
+    (the first `stalls` verifies of width `stalled_width` also stall STALL_MS, as when another process takes the
+    core)."""
     from sim.hardware.torch import confirm as confirm_lib
     from sim.hardware.torch import measure as measure_lib
     from sim.hardware.torch.target import TorchTarget
 
     now = [0.0]
-    stalls = [stalled_width_1]
+    left = [stalls]
     clock = types.SimpleNamespace(perf_counter=lambda: now[0])
     real_prefill, real_read, real_verify = TorchTarget.prefill, TorchTarget.read, TorchTarget.verify
 
@@ -91,8 +92,8 @@ def scripted_clock(stalled_width_1: int = 0) -> Iterator[None]:
     def verify(self, proposal):
         outputs = real_verify(self, proposal)
         advance(sync_ms(len(proposal) + 1))
-        if not proposal and stalls[0] > 0:
-            stalls[0] -= 1
+        if len(proposal) + 1 == stalled_width and left[0] > 0:
+            left[0] -= 1
             advance(STALL_MS)
         return outputs
 
@@ -185,7 +186,7 @@ def test_medians_that_give_a_width_no_device_time_are_measured_again():
     from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
-    with scripted_clock(stalled_width_1=3):
+    with scripted_clock(stalls=3):
         m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
     assert m["rounds"] == 9 and m["added_rounds"] == 6
     assert sorted(m["sync_samples_ms"]["1"]) == pytest.approx([sync_ms(1)] * 6 + [sync_ms(1) + STALL_MS] * 3)
@@ -204,10 +205,79 @@ def test_medians_that_never_settle_are_one_error_line():
 
     lm = load_model(arch="tiny", device="cpu")
     with (
-        scripted_clock(stalled_width_1=10**6),
+        scripted_clock(stalls=10**6),
         pytest.raises(UserError, match=r"timings too noisy after 12 rounds: .* measure again on an idle machine"),
     ):
         measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+
+
+def test_a_width_stalled_in_most_rounds_is_measured_again_then_refused_by_name():
+    """Width 2 stalled in the first 3 rounds: its median is 30 ms above S(1) and S(3), a shape no forward has (one
+    more token costs at most S(1)); more rounds settle it (as for a stalled S(1)). Stalled in every round, the
+    measurement is refused naming S(1) to S(2) and S(2) to S(3), where it used to be written as measured."""
+    from sim.core.errors import UserError
+    from sim.hardware.torch.measure import measure, shape_problems
+    from sim.hardware.torch.model import load_model
+
+    lm = load_model(arch="tiny", device="cpu")
+    with scripted_clock(stalls=3, stalled_width=2):
+        m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+    assert m["rounds"] == 9 and m["added_rounds"] == 6
+    assert m["sync_ms"] == pytest.approx([sync_ms(w) for w in range(1, 5)])
+    assert shape_problems(m["pipelined_samples_ms"], {int(w): v for w, v in m["sync_samples_ms"].items()}) == []
+    with (
+        scripted_clock(stalls=10**6, stalled_width=2),
+        pytest.raises(
+            UserError,
+            match=r"timings too noisy after 12 rounds: S\(1\) 2\.0 ms to S\(2\) 32\.2 ms, S\(2\) 32\.2 ms to "
+            r"S\(3\) 2\.5 ms differ by more than a one-token forward S\(1\) 2\.0 ms",
+        ),
+    ):
+        measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+
+
+def test_a_real_measurement_is_written_only_with_a_forward_s_shape(tmp_path, capsys):
+    """sim.measure on the tiny model with the real clock (whatever else this machine runs): the profile it writes
+    has neighbouring S(w) within S(1) of each other, P > 0 and every device time positive; where the machine was
+    too busy for that, it wrote nothing and said so in one line naming the widths."""
+    from sim.hardware.torch.measure import device_times_positive
+
+    out = tmp_path / "real.yaml"
+    code = measure_cli.main(["--out", str(out), *QUICK, "--max-width", "6", *MODEL])
+    err = capsys.readouterr().err
+    if code == 2:
+        assert not out.exists() and err.count("\n") == 1 and "timings too noisy after" in err, err
+        return
+    assert code == 0, err
+    raw = yaml.safe_load(out.read_text())
+    s = raw["sync_ms"]
+    assert len(s) == 6 and device_times_positive([raw["pipelined_ms"]], {w + 1: [v] for w, v in enumerate(s)})
+    # the noise allowance is at most what 12 rounds of medians leave; the medians written are within S(1) plus it
+    assert all(abs(b - a) <= 2 * s[0] for a, b in zip(s, s[1:], strict=False)), s
+
+
+def test_shape_problems_name_the_widths_a_stall_or_a_jump_breaks():
+    """Real-looking CPU samples (ms, 5 rounds per width): the tiny model's smooth S(w) pass; a width stalled in
+    most rounds, or a jump at the last widths, is named with its neighbour; a drop within S(1) (a kernel choice,
+    as the bundled SmolLM2 CPU profile has at width 4) passes; wide but consistent spreads widen the tolerance."""
+    from sim.hardware.torch.measure import shape_problems
+
+    steps = [21.8, 22.4, 21.9, 23.0, 22.1]
+    smooth = {1: [33.1, 33.6, 34.0, 33.2, 35.9], 2: [35.0, 35.4, 36.1, 34.9, 35.2], 3: [37.8, 38.1, 37.5, 39.0, 38.4]}
+    assert shape_problems(steps, smooth) == []
+    spiked = {**smooth, 2: [353.2, 349.8, 360.1, 35.1, 351.0]}
+    assert shape_problems(steps, spiked) == [
+        "S(1) 33.6 ms to S(2) 351.0 ms, S(2) 351.0 ms to S(3) 38.1 ms differ by more than a one-token forward "
+        "S(1) 33.6 ms"
+    ]
+    tail = {**smooth, 4: [40.2, 40.9, 41.3, 40.5, 40.6], 5: [471.6, 468.0, 475.2, 470.1, 480.3]}
+    assert shape_problems(steps, tail) == [
+        "S(4) 40.6 ms to S(5) 471.6 ms differ by more than a one-token forward S(1) 33.6 ms"
+    ]
+    kernel = {1: [60.1, 61.0, 59.8, 60.4, 60.2], 2: [75.3, 74.8, 76.0, 75.1, 75.5], 3: [88.9, 89.4, 88.1, 90.2, 89.0]}
+    assert shape_problems(steps, {**kernel, 4: [68.6, 69.0, 68.2, 70.1, 68.9]}) == []
+    noisy = {1: [33.6, 20.0, 60.0, 25.0, 70.0], 2: [80.0, 40.0, 120.0, 45.0, 110.0]}
+    assert shape_problems(steps, noisy) == []
 
 
 def test_device_times_positive_follows_the_profile_rule():

@@ -10,7 +10,9 @@ After a prefill of N prompt tokens (the quantities of docs/timing.md):
         every round; each width is warmed first, then the widths take turns
         round by round so that drift hits all of them alike; median over rounds
         (more rounds are added, up to 3 more batches, while the medians give a
-        width a device time S(w) - (S(1) - P) of zero or less);
+        width a device time S(w) - (S(1) - P) of zero or less or neighbouring
+        widths differ by more than S(1) beyond their spreads; if they still do,
+        the measurement is refused, naming the widths);
   prefill  the time to the first token at several prompt lengths, fitted by
         least squares to fixed_ms + per_prompt_token_ms * length.
 Timings go through the very `TorchTarget` methods the round loop calls. On CUDA
@@ -25,6 +27,7 @@ and `sim.confirm --profile PATH` read it.
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 import statistics
 import time
@@ -106,19 +109,19 @@ def measure(
                 sync[width].append(timed(verify(width)))
 
     measured_rounds(rounds)
-    # Another process taking the cores stalls some samples by milliseconds. Medians of a few rounds can then put
-    # a width's S(w) below the host gap S(1) - P: a device time of zero or less, which no machine has. The widths
-    # take turns, so stalls hit them alike and more rounds bring the medians back: as many again, a few times.
+    # Another process taking the cores stalls some samples by milliseconds. Medians of a few rounds can then give a
+    # width no device time, or a shape no forward has (S(2) ten times S(1) and three times S(3)). The widths take
+    # turns, so stalls hit them alike and more rounds bring the medians back: as many again, a few times.
     for _ in range(EXTRA_ROUND_BATCHES):
-        if device_times_positive(per_step, sync):
+        if not shape_problems(per_step, sync):
             break
         bar.total = (bar.total or 0) + rounds * (max_width + 2)
         measured_rounds(rounds)
-    if not device_times_positive(per_step, sync):
+    problems = shape_problems(per_step, sync)
+    if problems:
         raise UserError(
-            f"timings too noisy after {len(per_step)} rounds: the medians give some width a device time "
-            "S(w) - (S(1) - P) of zero or less (is another process using the cores?); measure again on an idle "
-            "machine or with more --rounds"
+            f"timings too noisy after {len(per_step)} rounds: {'; '.join(problems)} (is another process using the "
+            "cores?); measure again on an idle machine or with more --rounds"
         )
 
     prefill = measure_prefill(lm, prompt, prefill_lengths, prefill_rounds, bar.update)
@@ -136,6 +139,38 @@ def device_times_positive(per_step: Sequence[float], sync: dict[int, list[float]
     s = [statistics.median(sync[w]) for w in sorted(sync)]
     p = min(p, s[0])
     return p > 0 and all(v - (s[0] - p) > 0 for v in s)
+
+
+def shape_problems(per_step: Sequence[float], sync: dict[int, list[float]]) -> list[str]:
+    """Why the medians make no profile, one phrase each naming the widths (none: they do). Besides the device
+    times (`device_times_positive`): neighbouring widths' medians may differ by at most S(1) beyond their noise,
+    since one more token in a forward costs at most what a forward of one token costs (and one fewer cannot save
+    more); a width stalled in many rounds breaks that."""
+    problems = []
+    if not device_times_positive(per_step, sync):
+        problems.append("the medians give some width a device time S(w) - (S(1) - P) of zero or less")
+    widths = sorted(sync)
+    median = {w: statistics.median(sync[w]) for w in widths}
+    noise = {w: _median_noise(sync[w]) for w in widths}
+    one = median[widths[0]]
+    jumps = [
+        f"S({v}) {median[v]:.1f} ms to S({w}) {median[w]:.1f} ms"
+        for v, w in zip(widths, widths[1:], strict=False)
+        if abs(median[w] - median[v]) > one + noise[v] + noise[w]
+    ]
+    if jumps:
+        problems.append(f"{', '.join(jumps)} differ by more than a one-token forward S(1) {one:.1f} ms")
+    return problems
+
+
+def _median_noise(samples: Sequence[float]) -> float:
+    """How far a median of these samples may be off: about the interquartile range over sqrt(n), as the standard
+    error of a median is (0 for fewer than two samples). A spread alone is no tolerance: half the rounds stalled
+    give a wide spread and a median halfway to the stall."""
+    if len(samples) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(samples, n=4)
+    return (high - low) / math.sqrt(len(samples))
 
 
 def measure_prefill(
