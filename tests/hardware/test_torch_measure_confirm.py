@@ -182,7 +182,8 @@ QUICK_MEASURE = dict(prompt_tokens=32, max_width=4, rounds=3, warmup=0, steps=(2
 def test_medians_that_give_a_width_no_device_time_are_measured_again():
     """S(1) stalled in the first 3 rounds puts the host gap S(1) - P above every S(w): 3 more rounds leave the
     median stalled (6 samples, 3 stalled), 3 more settle it; the profile is valid and its notes say why."""
-    from sim.hardware.torch.measure import device_times_positive, measure, profile_data
+    from sim.hardware.metering import device_times_positive
+    from sim.hardware.torch.measure import measure, profile_data
     from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
@@ -216,7 +217,8 @@ def test_a_width_stalled_in_most_rounds_is_measured_again_then_refused_by_name()
     more token costs at most S(1)); more rounds settle it (as for a stalled S(1)). Stalled in every round, the
     measurement is refused naming S(1) to S(2) and S(2) to S(3), where it used to be written as measured."""
     from sim.core.errors import UserError
-    from sim.hardware.torch.measure import measure, shape_problems
+    from sim.hardware.metering import shape_problems
+    from sim.hardware.torch.measure import measure
     from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
@@ -237,10 +239,11 @@ def test_a_width_stalled_in_most_rounds_is_measured_again_then_refused_by_name()
 
 
 def test_a_real_measurement_is_written_only_with_a_forward_s_shape(tmp_path, capsys):
-    """sim.measure on the tiny model with the real clock (whatever else this machine runs): the profile it writes
-    has neighbouring S(w) within S(1) of each other, P > 0 and every device time positive; where the machine was
-    too busy for that, it wrote nothing and said so in one line naming the widths."""
-    from sim.hardware.torch.measure import device_times_positive
+    """sim.measure on the tiny model with the real clock (whatever else this machine runs) ends one of two ways:
+    a profile that loads, with P > 0 and every device time positive, or nothing written and one line saying which
+    widths the machine was too busy to time (the shape check itself is pinned on the scripted clock above and on
+    real-looking arrays in tests/hardware/test_metering.py)."""
+    from sim.hardware.metering import device_times_positive
 
     out = tmp_path / "real.yaml"
     code = measure_cli.main(["--out", str(out), *QUICK, "--max-width", "6", *MODEL])
@@ -252,37 +255,12 @@ def test_a_real_measurement_is_written_only_with_a_forward_s_shape(tmp_path, cap
     raw = yaml.safe_load(out.read_text())
     s = raw["sync_ms"]
     assert len(s) == 6 and device_times_positive([raw["pipelined_ms"]], {w + 1: [v] for w, v in enumerate(s)})
-    # the noise allowance is at most what 12 rounds of medians leave; the medians written are within S(1) plus it
-    assert all(abs(b - a) <= 2 * s[0] for a, b in zip(s, s[1:], strict=False)), s
-
-
-def test_shape_problems_name_the_widths_a_stall_or_a_jump_breaks():
-    """Real-looking CPU samples (ms, 5 rounds per width): the tiny model's smooth S(w) pass; a width stalled in
-    most rounds, or a jump at the last widths, is named with its neighbour; a drop within S(1) (a kernel choice,
-    as the bundled SmolLM2 CPU profile has at width 4) passes; wide but consistent spreads widen the tolerance."""
-    from sim.hardware.torch.measure import shape_problems
-
-    steps = [21.8, 22.4, 21.9, 23.0, 22.1]
-    smooth = {1: [33.1, 33.6, 34.0, 33.2, 35.9], 2: [35.0, 35.4, 36.1, 34.9, 35.2], 3: [37.8, 38.1, 37.5, 39.0, 38.4]}
-    assert shape_problems(steps, smooth) == []
-    spiked = {**smooth, 2: [353.2, 349.8, 360.1, 35.1, 351.0]}
-    assert shape_problems(steps, spiked) == [
-        "S(1) 33.6 ms to S(2) 351.0 ms, S(2) 351.0 ms to S(3) 38.1 ms differ by more than a one-token forward "
-        "S(1) 33.6 ms"
-    ]
-    tail = {**smooth, 4: [40.2, 40.9, 41.3, 40.5, 40.6], 5: [471.6, 468.0, 475.2, 470.1, 480.3]}
-    assert shape_problems(steps, tail) == [
-        "S(4) 40.6 ms to S(5) 471.6 ms differ by more than a one-token forward S(1) 33.6 ms"
-    ]
-    kernel = {1: [60.1, 61.0, 59.8, 60.4, 60.2], 2: [75.3, 74.8, 76.0, 75.1, 75.5], 3: [88.9, 89.4, 88.1, 90.2, 89.0]}
-    assert shape_problems(steps, {**kernel, 4: [68.6, 69.0, 68.2, 70.1, 68.9]}) == []
-    noisy = {1: [33.6, 20.0, 60.0, 25.0, 70.0], 2: [80.0, 40.0, 120.0, 45.0, 110.0]}
-    assert shape_problems(steps, noisy) == []
+    assert load_profile(str(out)).max_width == 6
 
 
 def test_device_times_positive_follows_the_profile_rule():
     """P > 0 and every S(w) above S(1) - P, with P taken as S(1) where it came out above (medians of samples)."""
-    from sim.hardware.torch.measure import device_times_positive
+    from sim.hardware.metering import device_times_positive
 
     assert device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [1.5, 1.6, 1.7]})  # gap 2.1 - 1.2 < 1.6
     assert not device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [0.8, 0.85, 0.9]})  # 0.85 < gap 0.9
