@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +79,20 @@ def assert_refused(outcome: Outcome, *fragments: str) -> None:
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     assert outcome.stdout == "", outcome.stdout
+
+
+def run_shell(
+    command: str, cwd: Path, *, timeout: float, env: dict[str, str] | None = None, wrapper: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run a shell command line (as a user would type it: `python -m sim.replay ...`) through bash, optionally
+    inside `wrapper` (e.g. `unshare -rm`). The folder of the interpreter that runs the tests comes first on PATH,
+    so that the command's `python`/`python3` is this one (its packages, this checkout) and not whatever the
+    system's PATH finds first: the suite runs the same whether its venv is activated or called by path."""
+    base = dict(os.environ if env is None else env)
+    base["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", "")])
+    return subprocess.run(
+        [*wrapper, "bash", "-c", command], cwd=cwd, env=base, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

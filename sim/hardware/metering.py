@@ -1,9 +1,13 @@
-"""What a cost profile's measurement shares between the engines (torch-free): the prefill fit over the prompt lengths
-timed, and the profile YAML written once it loads as replay loads it."""
+"""What a cost profile's measurement shares between the engines (torch-free): the check that medians have a shape a
+forward has, the prefill fit over the prompt lengths timed, and the profile YAML written once it loads as replay
+loads it."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,47 @@ import yaml
 from sim.core.io import write_atomic_all
 from sim.engine.costs import profile_from_dict
 from sim.hardware.options import require_finite
+
+
+def device_times_positive(per_step: Sequence[float], sync: dict[int, list[float]]) -> bool:
+    """Whether the medians make a valid profile: P > 0, and every S(w) above the host gap S(1) - P (with P
+    taken as S(1) where noise put it above, as the profile does)."""
+    p = statistics.median(per_step)
+    s = [statistics.median(sync[w]) for w in sorted(sync)]
+    p = min(p, s[0])
+    return p > 0 and all(v - (s[0] - p) > 0 for v in s)
+
+
+def shape_problems(per_step: Sequence[float], sync: dict[int, list[float]]) -> list[str]:
+    """Why the medians make no profile, one phrase each naming the widths (none: they do). Besides the device
+    times (`device_times_positive`): neighbouring widths' medians may differ by at most S(1) beyond their noise,
+    since one more token in a forward costs at most what a forward of one token costs (and one fewer cannot save
+    more); a width stalled in many rounds breaks that."""
+    problems = []
+    if not device_times_positive(per_step, sync):
+        problems.append("the medians give some width a device time S(w) - (S(1) - P) of zero or less")
+    widths = sorted(sync)
+    median = {w: statistics.median(sync[w]) for w in widths}
+    noise = {w: _median_noise(sync[w]) for w in widths}
+    one = median[widths[0]]
+    jumps = [
+        f"S({v}) {median[v]:.1f} ms to S({w}) {median[w]:.1f} ms"
+        for v, w in zip(widths, widths[1:], strict=False)
+        if abs(median[w] - median[v]) > one + noise[v] + noise[w]
+    ]
+    if jumps:
+        problems.append(f"{', '.join(jumps)} differ by more than a one-token forward S(1) {one:.1f} ms")
+    return problems
+
+
+def _median_noise(samples: Sequence[float]) -> float:
+    """How far a median of these samples may be off: about the interquartile range over sqrt(n), as the standard
+    error of a median is (0 for fewer than two samples). A spread alone is no tolerance: half the rounds stalled
+    give a wide spread and a median halfway to the stall."""
+    if len(samples) < 2:
+        return 0.0
+    low, _, high = statistics.quantiles(samples, n=4)
+    return (high - low) / math.sqrt(len(samples))
 
 
 def fit_prefill(medians: dict[int, float]) -> tuple[float, float, float, str]:

@@ -239,6 +239,7 @@ def read_rounds(path: str | Path) -> list[Run]:
     except UnicodeDecodeError:
         raise RoundsError(f"{path}: not UTF-8 text (expected JSON Lines from sim.replay --rounds-out)") from None
     runs: list[Run] = []
+    run_lines: list[int] = []  # where each run line is, to name it when its rounds fall short of it
     for lineno, line in enumerate(text.split("\n"), start=1):
         where = f"{path}:{lineno}"
         if not line.strip():
@@ -259,6 +260,9 @@ def read_rounds(path: str | Path) -> list[Run]:
             if obj.get("run") != len(runs) or isinstance(obj.get("run"), bool):
                 raise RoundsError(f"{where}: expected run number {len(runs)}, got {obj.get('run')!r}")
             _check_fields(obj, RUN_TYPES, where)
+            if runs:
+                _check_complete(runs[-1], f"{path}:{run_lines[-1]}", text.rstrip("\n").count("\n") + 1)
+            run_lines.append(lineno)
             runs.append(Run({k: v for k, v in obj.items() if k not in ("type", "run")}, []))
         elif kind == "round":
             if not runs or obj.get("run") != len(runs) - 1 or isinstance(obj.get("run"), bool):
@@ -270,7 +274,34 @@ def read_rounds(path: str | Path) -> list[Run]:
             raise RoundsError(f"{where}: expected a line of type 'run' or 'round', got {kind!r}")
     if not runs:
         raise RoundsError(f"{path}: no runs (expected JSON Lines from sim.replay --rounds-out)")
+    _check_complete(runs[-1], f"{path}:{run_lines[-1]}", text.rstrip("\n").count("\n") + 1)
     return runs
+
+
+def round_sums(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """A run line's counters as its round lines add them up (docs/trace-format.md, section 2.4)."""
+    return {  # tokens first: a cut file is refused naming what a reader misses most
+        "generated_tokens": 1 + sum(r["emitted"] for r in records),  # prefill emits the first token
+        "rounds": sum(r["round"] for r in records),
+        "drafted_rounds": sum(r["drafted"] for r in records),
+        "paused_rounds": sum(r["round"] and r["paused"] for r in records),
+        "proposed": sum(r["proposal_len"] for r in records if r["drafted"]),
+        "accepted": sum(r["accepted"] for r in records),
+        "shadow_confirmations": sum(r["shadow_confirmed"] for r in records),
+    }
+
+
+def _check_complete(run: Run, where: str, last: int) -> None:
+    """A run's round lines add up to the totals its run line (at `where`) states; `last` is its last line.
+
+    A file cut at a line boundary parses line by line: only these sums show that rounds are missing."""
+    for key, found in round_sums(run.rounds).items():
+        if found != run.row[key]:
+            raise RoundsError(
+                f"{where}: run {run.row['trace']} ({run.row['policy']}) says {key}: {run.row[key]}, but its "
+                f"{len(run.rounds)} round lines (to line {last}) add up to {found}; the file is cut short or edited "
+                "(write it again with sim.replay --rounds-out)"
+            )
 
 
 def _check_round(obj: dict[str, Any], run: Run, where: str) -> None:

@@ -63,15 +63,16 @@ def sync_ms(width: int) -> float:
 
 
 @contextmanager
-def scripted_clock(stalled_width_1: int = 0) -> Iterator[None]:
+def scripted_clock(stalls: int = 0, stalled_width: int = 1) -> Iterator[None]:
     """The clock of sim.measure and sim.confirm, advanced by the fixed costs above as each real forward is read
-    (the first `stalled_width_1` width-1 verifies also stall STALL_MS, as when another process takes the core)."""
+    (the first `stalls` verifies of width `stalled_width` also stall STALL_MS, as when another process takes the
+    core)."""
     from sim.hardware.torch import confirm as confirm_lib
     from sim.hardware.torch import measure as measure_lib
     from sim.hardware.torch.target import TorchTarget
 
     now = [0.0]
-    stalls = [stalled_width_1]
+    left = [stalls]
     clock = types.SimpleNamespace(perf_counter=lambda: now[0])
     real_prefill, real_read, real_verify = TorchTarget.prefill, TorchTarget.read, TorchTarget.verify
 
@@ -91,8 +92,8 @@ def scripted_clock(stalled_width_1: int = 0) -> Iterator[None]:
     def verify(self, proposal):
         outputs = real_verify(self, proposal)
         advance(sync_ms(len(proposal) + 1))
-        if not proposal and stalls[0] > 0:
-            stalls[0] -= 1
+        if len(proposal) + 1 == stalled_width and left[0] > 0:
+            left[0] -= 1
             advance(STALL_MS)
         return outputs
 
@@ -181,11 +182,12 @@ QUICK_MEASURE = dict(prompt_tokens=32, max_width=4, rounds=3, warmup=0, steps=(2
 def test_medians_that_give_a_width_no_device_time_are_measured_again():
     """S(1) stalled in the first 3 rounds puts the host gap S(1) - P above every S(w): 3 more rounds leave the
     median stalled (6 samples, 3 stalled), 3 more settle it; the profile is valid and its notes say why."""
-    from sim.hardware.torch.measure import device_times_positive, measure, profile_data
+    from sim.hardware.metering import device_times_positive
+    from sim.hardware.torch.measure import measure, profile_data
     from sim.hardware.torch.model import load_model
 
     lm = load_model(arch="tiny", device="cpu")
-    with scripted_clock(stalled_width_1=3):
+    with scripted_clock(stalls=3):
         m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
     assert m["rounds"] == 9 and m["added_rounds"] == 6
     assert sorted(m["sync_samples_ms"]["1"]) == pytest.approx([sync_ms(1)] * 6 + [sync_ms(1) + STALL_MS] * 3)
@@ -204,15 +206,61 @@ def test_medians_that_never_settle_are_one_error_line():
 
     lm = load_model(arch="tiny", device="cpu")
     with (
-        scripted_clock(stalled_width_1=10**6),
+        scripted_clock(stalls=10**6),
         pytest.raises(UserError, match=r"timings too noisy after 12 rounds: .* measure again on an idle machine"),
     ):
         measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
 
 
+def test_a_width_stalled_in_most_rounds_is_measured_again_then_refused_by_name():
+    """Width 2 stalled in the first 3 rounds: its median is 30 ms above S(1) and S(3), a shape no forward has (one
+    more token costs at most S(1)); more rounds settle it (as for a stalled S(1)). Stalled in every round, the
+    measurement is refused naming S(1) to S(2) and S(2) to S(3), where it used to be written as measured."""
+    from sim.core.errors import UserError
+    from sim.hardware.metering import shape_problems
+    from sim.hardware.torch.measure import measure
+    from sim.hardware.torch.model import load_model
+
+    lm = load_model(arch="tiny", device="cpu")
+    with scripted_clock(stalls=3, stalled_width=2):
+        m = measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+    assert m["rounds"] == 9 and m["added_rounds"] == 6
+    assert m["sync_ms"] == pytest.approx([sync_ms(w) for w in range(1, 5)])
+    assert shape_problems(m["pipelined_samples_ms"], {int(w): v for w, v in m["sync_samples_ms"].items()}) == []
+    with (
+        scripted_clock(stalls=10**6, stalled_width=2),
+        pytest.raises(
+            UserError,
+            match=r"timings too noisy after 12 rounds: S\(1\) 2\.0 ms to S\(2\) 32\.2 ms, S\(2\) 32\.2 ms to "
+            r"S\(3\) 2\.5 ms differ by more than a one-token forward S\(1\) 2\.0 ms",
+        ),
+    ):
+        measure(lm, **QUICK_MEASURE, prefill_rounds=1, progress=False)
+
+
+def test_a_real_measurement_is_written_only_with_a_forward_s_shape(tmp_path, capsys):
+    """sim.measure on the tiny model with the real clock (whatever else this machine runs) ends one of two ways:
+    a profile that loads, with P > 0 and every device time positive, or nothing written and one line saying which
+    widths the machine was too busy to time (the shape check itself is pinned on the scripted clock above and on
+    real-looking arrays in tests/hardware/test_metering.py)."""
+    from sim.hardware.metering import device_times_positive
+
+    out = tmp_path / "real.yaml"
+    code = measure_cli.main(["--out", str(out), *QUICK, "--max-width", "6", *MODEL])
+    err = capsys.readouterr().err
+    if code == 2:
+        assert not out.exists() and err.count("\n") == 1 and "timings too noisy after" in err, err
+        return
+    assert code == 0, err
+    raw = yaml.safe_load(out.read_text())
+    s = raw["sync_ms"]
+    assert len(s) == 6 and device_times_positive([raw["pipelined_ms"]], {w + 1: [v] for w, v in enumerate(s)})
+    assert load_profile(str(out)).max_width == 6
+
+
 def test_device_times_positive_follows_the_profile_rule():
     """P > 0 and every S(w) above S(1) - P, with P taken as S(1) where it came out above (medians of samples)."""
-    from sim.hardware.torch.measure import device_times_positive
+    from sim.hardware.metering import device_times_positive
 
     assert device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [1.5, 1.6, 1.7]})  # gap 2.1 - 1.2 < 1.6
     assert not device_times_positive([1.0, 1.2, 9.0], {1: [2.0, 2.1, 2.2], 2: [0.8, 0.85, 0.9]})  # 0.85 < gap 0.9

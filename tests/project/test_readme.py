@@ -14,11 +14,10 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_shell
 
 pytestmark = pytest.mark.slow
 
@@ -112,11 +111,8 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_works_as_written(clone: Path, command: str):
     """The command exits 0 in the fresh copy, and no committed file changed (new files are all ignored)."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        ["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True, timeout=900, check=False
-    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = run_shell(command, clone, timeout=900, env=env)
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True)
     assert status.stdout == "", f"{shlex.quote(command)} changed or left unignored files:\n{status.stdout}"

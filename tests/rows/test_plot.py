@@ -374,3 +374,27 @@ def test_save_refuses_a_figure_too_large_to_render(tmp_path):
     with pytest.raises(PlotError, match=r"fig\.png: a 6000 x 72000 pixel figure is too large to render"):
         style.save(fig, tmp_path / "fig.png", dpi=600)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("keep", "missing"),
+    [("half of the second run", "generated_tokens"), ("all but the last round", "rounds")],  # the last emits none
+)
+def test_a_rounds_file_cut_at_a_line_boundary_is_refused_naming_its_run_line(rounds_file, tmp_path, keep, missing):
+    """Every line of a cut file parses, but its last run's round lines add up to fewer tokens than its run line
+    says it generated: sim.plot refuses it (exit 2, one line naming the file, the run line and what is missing)
+    and draws nothing, where it used to plot the part as if it were the whole run."""
+    lines = rounds_file.read_text().splitlines(keepends=True)
+    second = [i for i, line in enumerate(lines) if '"type": "run"' in line][1]
+    ends = second + (lines.index(next(line for line in lines[second + 1 :] if '"type": "run"' in line)) - second) // 2
+    kept = lines[:ends] if keep.startswith("half") else lines[:-1]
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(kept))
+    last_run = max(i for i, line in enumerate(kept) if '"type": "run"' in line) + 1
+    done = cli("rounds", str(cut), "--out", str(tmp_path / "figs"))
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: {cut}:{last_run}: run " in done.stderr
+    assert f" says {missing}: " in done.stderr and f"(to line {len(kept)}) add up to " in done.stderr
+    assert "cut short" in done.stderr
+    assert not (tmp_path / "figs").exists()

@@ -31,25 +31,13 @@ from sim.rows.rounds import (
     replay_rounds,
     reply_html,
     round_records,
+    round_sums,
     rounds_text,
     token_roles,
 )
 
 EMAIL = str(ROOT / "traces" / "email.jsonl")
 PROFILE = load_profile("gb10-qwen3-8b-4bit")
-
-
-def sums(records: list[dict]) -> dict[str, int]:
-    """The counters as the round records add them up."""
-    return {
-        "rounds": sum(r["round"] for r in records),
-        "drafted_rounds": sum(r["drafted"] for r in records),
-        "paused_rounds": sum(r["round"] and r["paused"] for r in records),
-        "proposed": sum(r["proposal_len"] for r in records if r["drafted"]),
-        "accepted": sum(r["accepted"] for r in records),
-        "shadow_confirmations": sum(r["shadow_confirmed"] for r in records),
-        "generated_tokens": 1 + sum(r["emitted"] for r in records),  # prefill emits the first token
-    }
 
 
 def assert_consistent(records: list[dict], total_ms: float, plain_ms: float) -> None:
@@ -77,7 +65,7 @@ def test_bundled_rounds_sum_to_the_counters_and_the_total_time(policy, trace_pat
     """Every bundled trace under gated and graded: the records add up to the row's counters and end at its time."""
     row, run_ = replay_rounds(read_trace(trace_path), make_config(policy, {}), PROFILE)
     assert run_.row == row.as_dict()
-    assert sums(run_.rounds) == {key: run_.row[key] for key in sums(run_.rounds)}
+    assert round_sums(run_.rounds) == {key: run_.row[key] for key in round_sums(run_.rounds)}
     assert_consistent(run_.rounds, row.time_ms, row.plain_time_ms)
     assert all(set(r) == set(ROUND_KEYS) for r in run_.rounds)
 
@@ -112,8 +100,11 @@ def test_random_streams_sum_to_the_counters_and_the_total_time(policy, prompt, r
         ),
     )
     c = result.counters
-    expected = {**{k: getattr(c, k) for k in sums([]) if k != "generated_tokens"}, "generated_tokens": c.generated}
-    assert sums(records) == expected
+    expected = {
+        **{k: getattr(c, k) for k in round_sums([]) if k != "generated_tokens"},
+        "generated_tokens": c.generated,
+    }
+    assert round_sums(records) == expected
     total = recurrence_timing(result.actions, result.contexts, PROFILE, len(prompt), noise).total_ms
     plain = recurrence_timing(*plain_actions(c.generated, eos, len(prompt)), PROFILE, len(prompt), noise).total_ms
     assert_consistent(records, total, plain)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import ROOT, snapshot
+from conftest import ROOT, run_shell, snapshot
 
 from sim.core.errors import StudyError, UserError
 from sim.core.io import check_writable_folder, naming
@@ -311,7 +311,7 @@ def test_the_replay_command_names_the_specs_globs_and_runs_as_written(tmp_path, 
     assert f"Trace groups of the spec (traces): mine `my traces/e*.jsonl` (2), told `{ROOT}/traces/st*.jsonl` (1)." in (
         report
     )
-    done = subprocess.run(["bash", "-c", replay], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = run_shell(replay, tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert sum(line.startswith(("edit_json", "email", "story")) for line in done.stdout.splitlines()) == 3 * 2
 
@@ -363,9 +363,7 @@ needs_mounts = pytest.mark.skipif(not namespaces(), reason="no private mount nam
 
 def in_namespace(script: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """A bash script run as root of its own user and mount namespace: its mounts vanish with it."""
-    return subprocess.run(
-        ["unshare", "-rm", "bash", "-c", script], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return run_shell(script, cwd, timeout=timeout, wrapper=("unshare", "-rm"))
 
 
 TUNE_SH = f"{sys.executable} -m sim.tune studies/tiny.yaml"

@@ -10,7 +10,9 @@ After a prefill of N prompt tokens (the quantities of docs/timing.md):
         every round; each width is warmed first, then the widths take turns
         round by round so that drift hits all of them alike; median over rounds
         (more rounds are added, up to 3 more batches, while the medians give a
-        width a device time S(w) - (S(1) - P) of zero or less);
+        width a device time S(w) - (S(1) - P) of zero or less or neighbouring
+        widths differ by more than S(1) beyond their spreads; if they still do,
+        the measurement is refused, naming the widths);
   prefill  the time to the first token at several prompt lengths, fitted by
         least squares to fixed_ms + per_prompt_token_ms * length.
 Timings go through the very `TorchTarget` methods the round loop calls. On CUDA
@@ -34,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from sim.core.errors import UserError
-from sim.hardware.metering import fit_prefill
+from sim.hardware.metering import fit_prefill, shape_problems
 from sim.hardware.options import DEFAULT_MAX_WIDTH
 from sim.hardware.options import progress as progress_bar
 from sim.hardware.tokenizer import GPT2_EOS
@@ -106,19 +108,19 @@ def measure(
                 sync[width].append(timed(verify(width)))
 
     measured_rounds(rounds)
-    # Another process taking the cores stalls some samples by milliseconds. Medians of a few rounds can then put
-    # a width's S(w) below the host gap S(1) - P: a device time of zero or less, which no machine has. The widths
-    # take turns, so stalls hit them alike and more rounds bring the medians back: as many again, a few times.
+    # Another process taking the cores stalls some samples by milliseconds. Medians of a few rounds can then give a
+    # width no device time, or a shape no forward has (S(2) ten times S(1) and three times S(3)). The widths take
+    # turns, so stalls hit them alike and more rounds bring the medians back: as many again, a few times.
     for _ in range(EXTRA_ROUND_BATCHES):
-        if device_times_positive(per_step, sync):
+        if not shape_problems(per_step, sync):
             break
         bar.total = (bar.total or 0) + rounds * (max_width + 2)
         measured_rounds(rounds)
-    if not device_times_positive(per_step, sync):
+    problems = shape_problems(per_step, sync)
+    if problems:
         raise UserError(
-            f"timings too noisy after {len(per_step)} rounds: the medians give some width a device time "
-            "S(w) - (S(1) - P) of zero or less (is another process using the cores?); measure again on an idle "
-            "machine or with more --rounds"
+            f"timings too noisy after {len(per_step)} rounds: {'; '.join(problems)} (is another process using the "
+            "cores?); measure again on an idle machine or with more --rounds"
         )
 
     prefill = measure_prefill(lm, prompt, prefill_lengths, prefill_rounds, bar.update)
@@ -127,15 +129,6 @@ def measure(
 
 
 EXTRA_ROUND_BATCHES = 3  # at most this many more batches of --rounds rounds when the medians disagree
-
-
-def device_times_positive(per_step: Sequence[float], sync: dict[int, list[float]]) -> bool:
-    """Whether the medians make a valid profile: P > 0, and every S(w) above the host gap S(1) - P (with P
-    taken as S(1) where noise put it above, as the profile does)."""
-    p = statistics.median(per_step)
-    s = [statistics.median(sync[w]) for w in sorted(sync)]
-    p = min(p, s[0])
-    return p > 0 and all(v - (s[0] - p) > 0 for v in s)
 
 
 def measure_prefill(

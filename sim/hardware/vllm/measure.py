@@ -24,6 +24,7 @@ from typing import Any
 
 from sim.core.errors import ModelError
 from sim.drafters.ngram import scan
+from sim.hardware.metering import shape_problems
 
 CYCLE = 24  # tokens in the repeating prompt's cycle
 FIRST_ID = 1000  # token ids of the synthetic prompts: ordinary words in any vocabulary of 2000 and more
@@ -110,7 +111,20 @@ def measure(model: str, max_width: int, contexts: list[int], steps: int, rounds:
                 f"no vLLM step of width {', '.join(map(str, missing))} was seen at context {n}; raise --rounds or "
                 "--steps"
             )
+    check_shapes(plain["per_token"], sync)
     return {"sync": sync, "pooled": pooled, **plain}
+
+
+def check_shapes(per_token: dict[int, list[float]], sync: dict[int, dict[int, list[float]]]) -> None:
+    """Refuse medians no forward has (sim/hardware/metering.py), naming the context and the widths: each width's
+    samples come from an engine of its own, so more rounds would mean starting every engine again."""
+    for n in sorted(sync):
+        problems = shape_problems(per_token[n], dict(sync[n]))
+        if problems:
+            raise ModelError(
+                f"vLLM step timings at context {n} make no profile: {'; '.join(problems)} (is another process using "
+                "the cores?); measure again on an idle machine or with more --rounds"
+            )
 
 
 def profile_data(m: dict[str, Any], name: str, model: str, machine: str, command: str) -> dict[str, Any]:
