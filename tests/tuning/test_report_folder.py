@@ -97,3 +97,25 @@ def test_a_sigterm_while_the_report_is_written_leaves_the_old_report_or_the_new_
         assert now in (old, new), (delay, sorted(now))
         outcomes.add("old" if now == old else "new")
     assert outcomes  # every kill checked; which set each left depends on where it landed
+
+
+def test_a_run_without_a_feasible_trial_says_why_and_what_to_try(tmp_path):
+    """A limit no row can meet: the run's output and report.md give the baseline's standing against it (its worst
+    row, named, and by how much it misses), the closest trial's, and what to try; a feasible run gives the
+    baseline's standing too."""
+    spec = str(spec_file(tmp_path, extra="constraints: {min_row_speedup: 5.0}\n"))
+    done = tune(tmp_path, spec, "--n-trials", "3", "--no-plots")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("tiny: no feasible trial yet")
+    assert (
+        lines[1].startswith("baseline gated: min_row_speedup >= 5: worst row ")
+        and "4 of 4 rows below: breaks it by" in lines[1]
+    )
+    assert lines[2].startswith("closest trial #") and "breaks it by" in lines[2]
+    assert lines[3].startswith("to try: more trials (--n-trials)")
+    report = (tmp_path / "runs" / "tiny" / "report.md").read_text()
+    assert "## Against the constraints" in report and f"- {lines[1]}" in report and f"- {lines[2]}" in report
+    feasible = str(spec_file(tmp_path, name="easy", extra="constraints: {min_row_speedup: 0.01}\n"))
+    lines = tune(tmp_path, feasible, "--n-trials", "2", "--no-plots").stdout.splitlines()
+    assert lines[1].startswith("baseline gated: min_row_speedup >= 0.01: worst row ") and lines[1].endswith(", holds")

@@ -180,6 +180,7 @@ def render(inputs: ReportInputs, facts: Findings) -> str:
     lines = [
         *_head(inputs, facts),
         *(_no_best(inputs) if best is None else _best_sections(inputs, facts)),
+        *_standing_section(facts),
         *_folds_section(spec, inputs.gains),
         *_rows_sections(inputs, facts),
         *_pareto_section(spec, facts.front),
@@ -220,6 +221,11 @@ def _head(inputs: ReportInputs, facts: Findings) -> list[str]:
         counts(facts.trials) + ".",
         "",
     ]
+
+
+def _standing_section(facts: Findings) -> list[str]:
+    """The constraints against the baseline (and the closest trial, without a best): why a run found what it did."""
+    return ["## Against the constraints", "", *(f"- {line}" for line in facts.standing), ""] if facts.standing else []
 
 
 def _no_best(inputs: ReportInputs) -> list[str]:
@@ -464,4 +470,5 @@ def _write_report(
     if mapping is not None:
         write_best(stage, mapping)
     removed = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed_best else ""
-    return f"{facts.summary}\nreport: {out / 'report.md'}{removed}"
+    standing = "".join(f"\n{line}" for line in facts.standing)
+    return f"{facts.summary}{standing}\nreport: {out / 'report.md'}{removed}"
