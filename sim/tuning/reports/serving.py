@@ -427,13 +427,8 @@ def _write_serving(
     base = serve_all(spec, evaluator, Variant(**{**asdict(spec.baseline), "label": f"baseline {spec.baseline.label}"}))
     top = serve_all(spec, evaluator, policy_of(spec, best)) if best is not None else None
     served = [(base.label, base.rows), *([(top.label, top.rows)] if top is not None else [])]
-
-    figures = None
-    if draw is not None:
-        figures = _figures(spec, study, stage, served, none, found, draw)
-    stale = out / "best.yaml"
-    removed = shared.stale_best(out, best)
-
+    figures = _figures(spec, study, stage, served, none, found, draw) if draw is not None else None
+    stale, removed = out / "best.yaml", shared.stale_best(out, best)
     base_value = score(spec.objective, base.rows, none)
     if best is None or top is None:
         summary = f"{spec.name}: no feasible trial; baseline {spec.objective} {base_value:.4f} (none = 1)"
