@@ -317,6 +317,19 @@ def _vllm_line(engine: dict[str, Any]) -> str:
     )
 
 
+def _slower_line(row: ReplayRow) -> str:
+    """Why a row is slower than plain decoding, when it is: its drafts, what was accepted and what the extra verify
+    width cost in all; a newcomer's first row should not read as a failure with no reason."""
+    c = row.counters
+    if row.speedup >= 1 or c.proposed == 0:
+        return ""
+    return (
+        f"\n[Why slower] {c.drafted_rounds} drafted verifies proposed {c.proposed} tokens and {c.accepted} were "
+        f"accepted ({c.acceptance_rate:.2f}): on {row.profile.name} their wider verifies cost "
+        f"{row.time_ms - row.plain_time_ms:.1f} ms more than the accepted tokens saved"
+    )
+
+
 def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
     c = row.counters
     if row.engine is not None:
@@ -334,6 +347,7 @@ def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
         f"({tokens_per_second(c.generated, row.time_ms):.1f} tok/s)  plain={row.plain_time_ms:.1f} ms "
         f"({tokens_per_second(c.generated, row.plain_time_ms):.1f} tok/s)  speedup={row.speedup:.3f}x"
     )
+    text += _slower_line(row)
     if row.risky_verifies is not None:
         text += (
             f"\n[Parity risk] {row.risky_verifies} drafted verifies emitted a token whose margin was below "

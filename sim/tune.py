@@ -31,6 +31,8 @@ from sim import cli
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from optuna.trial import FrozenTrial
+
     from sim.tuning.evaluate.replay import MatrixEvaluator
     from sim.tuning.search import Limits
     from sim.tuning.specs.replay import StudySpec
@@ -49,7 +51,9 @@ where things go:
   folder beside the storage file, named as it without its extension: runs/NAME/), both relative to the folder you
   run in: your runs never touch the committed results in studies/NAME/. Rerunning the same command continues the
   same study. Another storage gets another report folder (--storage sqlite:///x/y.db: x/y/; a database server:
-  runs/NAME/); a report folder holding the report of another study or storage is refused unless --force.
+  runs/NAME/); a report folder holding the report of another study or storage, or of trials this storage does
+  not hold (a committed report beside a new local storage), is refused unless --force. The report's files change
+  as a set: a stop while they are written leaves the old ones.
 
 held-out validation (docs/tuning.md):
   A spec with `validation: {method: leave_one_out | kfold}` runs each invocation's trials in the study NAME
@@ -211,8 +215,29 @@ def _check_outputs(args: argparse.Namespace, spec: Spec, storage_url: str, profi
     local = storage_file(storage_url)
     inputs = [args.spec, *spec.traces, *profiles, *([local] if local else [])]
     refuse_inputs_as_outputs(outputs, inputs, "--out")
-    check_report_folder(out, spec.name, storage_url, args.force)  # no other study's report is written over
+    # no other study's report is written over, nor this study's from a storage that lacks its trials
+    check_report_folder(out, spec.name, storage_url, args.force, lambda: _stored_trials(storage_url, spec.name))
     return out
+
+
+def _stored_trials(storage_url: str, name: str) -> list[FrozenTrial]:
+    """The trials the storage holds of study `name`, creating nothing where its file does not exist yet."""
+    import os
+
+    from sim.tuning.storage import optuna_private
+    from sim.tuning.storage.errors import reading
+    from sim.tuning.storage.factory import open_storage
+    from sim.tuning.storage.url import storage_file
+
+    local = storage_file(storage_url)
+    if local is not None and not os.path.exists(local):
+        return []
+    storage = open_storage(storage_url, heartbeat_s=10)
+    with reading(storage_url):
+        for frozen in storage.get_all_studies():
+            if frozen.study_name == name:
+                return storage.get_all_trials(optuna_private.study_id(frozen), deepcopy=False)
+    return []
 
 
 def _limits(args: argparse.Namespace, spec: Spec) -> Limits:

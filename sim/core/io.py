@@ -12,8 +12,11 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,42 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         raise
 
 
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while the block runs (a few renames): a command's handlers turn them into an
+    exception, which between two renames would leave a result half old, half new. They are delivered after."""
+    if threading.current_thread() is not threading.main_thread():  # signals only ever reach the main thread's code
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | os.PathLike[str], own: Iterable[str]) -> Iterator[Path]:
+    """A result folder that changes as a whole or not at all. The block writes the new set into a hidden staging
+    folder inside `out`; when it ends without an exception, each of the `own` names (the files the result
+    consists of) is renamed from the staging folder into `out`, or removed from `out` where the new set lacks it,
+    with stops held, so no Ctrl-C or SIGTERM lands between two renames. Any other file in `out` is left untouched;
+    an exception (a stop while the set is made) leaves `out` as it was."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=folder, prefix=".staging.", suffix=".tmp"))
+    try:
+        yield stage
+        with stops_held():
+            for name in own:
+                if (stage / name).exists():
+                    os.replace(stage / name, folder / name)
+                elif (folder / name).exists() or (folder / name).is_symlink():
+                    (folder / name).unlink()
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def write_atomic_all(files: Sequence[tuple[str | os.PathLike[str], str | bytes]]) -> None:
     """Several files written as one result: each through a temporary file beside it, and renamed into place only
     once every one is complete, so that a failure (a full disk) leaves every one of them as it was. An `OSError`
@@ -69,8 +108,9 @@ def write_atomic_all(files: Sequence[tuple[str | os.PathLike[str], str | bytes]]
                 if err.filename is not None and not Path(err.filename).name.startswith(f".{target.name}."):
                     raise
                 raise OSError(err.errno, err.strerror or str(err), str(target)) from None
-        for tmp, target in staged:
-            os.replace(tmp, target)
+        with stops_held():  # a stop between two renames would leave the result half old, half new
+            for tmp, target in staged:
+                os.replace(tmp, target)
     except BaseException:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)

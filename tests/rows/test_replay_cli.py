@@ -448,3 +448,21 @@ def test_json_never_prints_nan(capsys, monkeypatch):
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
         main([EMAIL, "--json"])
     assert "NaN" not in capsys.readouterr().out
+
+
+def test_a_slower_row_says_why_in_one_line_and_a_faster_one_says_nothing():
+    """The README's first command gives a slowdown (email under gated on the default profile): its row keeps every
+    field and value and adds one line with the drafts, what was accepted and what the wider verifies cost in all;
+    a row at or above 1.000x (or one that never drafted) has no such line."""
+    slow = _cli("traces/email.jsonl", "--policy", "gated")
+    assert slow.returncode == 0, slow.stderr
+    lines = slow.stdout.splitlines()
+    assert lines[2].endswith("plain=2456.4 ms (50.9 tok/s)  speedup=0.981x")
+    why = [line for line in lines if line.startswith("[Why slower]")]
+    assert why == [
+        "[Why slower] 4 drafted verifies proposed 23 tokens and 7 were accepted (0.30): on gb10-qwen3-8b-4bit their "
+        "wider verifies cost 48.5 ms more than the accepted tokens saved"
+    ]
+    fast = _cli("traces/edit_json.jsonl", "--policy", "gated")
+    off = _cli("traces/email.jsonl", "--policy", "off")
+    assert "speedup=1." in fast.stdout and "[Why slower]" not in fast.stdout + off.stdout

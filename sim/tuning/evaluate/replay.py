@@ -241,6 +241,22 @@ def constraint_values(rows: Sequence[ReplayRow], constraints: dict[str, float]) 
     return values
 
 
+def constraint_standing(rows: Sequence[ReplayRow], constraints: dict[str, float]) -> list[str]:
+    """Where rows stand against each constraint, one phrase each: the value that decides it, the rows that break
+    it (the worst named), and how far off it is: what a report says of the baseline, or of the trial closest to
+    feasible when none is."""
+    found = []
+    for name, limit in constraints.items():
+        if name != "min_row_speedup":
+            raise ValueError(f"unknown constraint {name!r}")
+        worst = min(rows, key=lambda r: r.speedup)
+        below = sum(r.speedup < limit for r in rows)
+        where = f"worst row {worst.speedup:.4f}x ({worst.trace.name} on {worst.profile.name})"
+        verdict = f"{below} of {len(rows)} rows below: breaks it by {limit - worst.speedup:.4f}" if below else "holds"
+        found.append(f"{name} >= {limit:g}: {where}, {verdict}")
+    return found
+
+
 def run_trial(trial: Trial, spec: StudySpec, matrix: MatrixEvaluator, sleep_s: float) -> list[float]:
     params = spec.suggest(trial)
     try:

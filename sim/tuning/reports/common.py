@@ -4,6 +4,8 @@ before anything is written to it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +27,9 @@ FIGURES = {
     "pareto": "Pareto front",
     "rows": "per-row speedup",
 }  # alt text of each PNG sim.plot can draw, by file stem
+# The files a report consists of: a new report replaces them as a set (sim.core.io.staged_folder); the other files in
+# its folder (a confirm/ run beside it) are not the report's and stay as they are.
+REPORT_FILES = ("best.yaml", "report.md", *(f"{kind}.png" for kind in FIGURES))
 # What draws the report's PNGs into its folder: (study, out, the rows figure's (label, rows) series, the
 # min_row_speedup limit, importances(study)) -> (file names written, a note per figure skipped). The caller passes
 # it (sim.tune: sim.figures.study_figures.write_report_figures): the figures layer sits above tuning, which never
@@ -81,14 +86,11 @@ def ranked_importances(found: tuple[list[dict[str, float]], str]) -> dict[str, f
     return dict(sorted(found[0][0].items(), key=lambda kv: (-kv[1], kv[0]))) if found[0] else {}
 
 
-def remove_stale_best(out: Path, best: FrozenTrial | None) -> bool:
-    """Whether an earlier best.yaml was removed from `out`: without a best now, no configuration of this study may be
-    mistaken for its best (one unlink, atomic)."""
+def stale_best(out: Path, best: FrozenTrial | None) -> bool:
+    """Whether `out` holds a best.yaml the new report removes: without a best now, no configuration of this study may
+    be mistaken for its best (the report's staged folder leaves it out, so the swap removes it)."""
     stale = out / "best.yaml"
-    removed = best is None and (stale.exists() or stale.is_symlink())
-    if removed:
-        stale.unlink()
-    return removed
+    return best is None and (stale.exists() or stale.is_symlink())
 
 
 def reproduce_flags(name: str, spec_storage: str, storage: str, out: Path) -> str:
@@ -142,9 +144,56 @@ def report_origin(out: Path) -> tuple[str | None, str | None] | None:
     return None
 
 
-def check_report_folder(out: Path, name: str, storage: str, force: bool) -> None:
+# What report.md says of the trials it was written from (`identity_line`); a report written before it said so gives
+# its trial count only.
+REPORT_IDENTITY = re.compile(
+    r"^Study identity: (?:trials #0 to #(\d+), sha256 `([0-9a-f]{16})`|no finished trial)", re.M
+)
+REPORT_COUNT = re.compile(r"^(\d+) trials?: ", re.M)
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)  # states optuna never changes again
+
+
+def identity(trials: Sequence[FrozenTrial]) -> tuple[int, str]:
+    """What identifies a study's storage: its trials #0 up to the first not finished yet (their number, state,
+    parameters and values never change again), as (how many, a digest of them). Deterministic, so a study rebuilt
+    trial for trial has the identity of the one it rebuilds; a new storage of the same name holds none of them."""
+    ordered = sorted(trials, key=lambda t: t.number)
+    held = next((i for i, t in enumerate(ordered) if t.number != i or t.state not in FINISHED), len(ordered))
+    facts = [[t.number, t.state.name, sorted(t.params.items()), t.values] for t in ordered[:held]]
+    return held, hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def identity_line(trials: Sequence[FrozenTrial]) -> str:
+    held, digest = identity(trials)
+    if held == 0:
+        return "Study identity: no finished trial yet."
+    return (
+        f"Study identity: trials #0 to #{held - 1}, sha256 `{digest}` (a later run writes over this folder only from "
+        "the storage that holds these trials)."
+    )
+
+
+def report_claim(out: Path) -> tuple[int, str | None] | None:
+    """(trials, digest) the report.md in `out` was written from: its identity line, else its trial count (digest
+    None); None when the folder has no report.md or it says neither."""
+    report = out / "report.md"
+    if not (report.exists() or report.is_symlink()):
+        return None
+    text = read_bytes(report, StudyError, "report").decode("utf-8", "replace")
+    named = REPORT_IDENTITY.search(text)
+    if named:
+        return (int(named.group(1)) + 1, named.group(2)) if named.group(1) else (0, identity([])[1])
+    counted = REPORT_COUNT.search(text)
+    return (int(counted.group(1)), None) if counted else None
+
+
+def check_report_folder(
+    out: Path, name: str, storage: str, force: bool, stored: Callable[[], Sequence[FrozenTrial]]
+) -> None:
     """Before any work: a report folder that holds the report of another study, or of this study in another storage,
-    is not written over (its best.yaml would be replaced, or removed, by a stranger's) unless `force`."""
+    is not written over (its best.yaml would be replaced, or removed, by a stranger's) unless `force`. The same name
+    and storage URL are not enough: a relative URL names a new file in another checkout, so the storage (`stored`:
+    its trials of this study) must hold the trials the report was written from."""
     origin = report_origin(out)
     if origin is None or force:
         return
@@ -159,4 +208,20 @@ def check_report_folder(out: Path, name: str, storage: str, force: bool) -> None
         raise StudyError(
             f"--out {out} holds the report of study {study}{shown}, not of {name} in {redacted(storage)}; give "
             "another --out, or --force to write over it"
+        )
+    _check_same_trials(out, name, storage, stored)
+
+
+def _check_same_trials(out: Path, name: str, storage: str, stored: Callable[[], Sequence[FrozenTrial]]) -> None:
+    claim = report_claim(out)
+    if claim is None:
+        return
+    held, digest = claim
+    trials = stored()
+    ours = identity(trials) if digest is not None else (len(trials), None)
+    if ours[0] < held or (digest is not None and identity(sorted(trials, key=lambda t: t.number)[:held])[1] != digest):
+        raise StudyError(
+            f"--out {out} holds the report of study {name} written from {held} trial{'' if held == 1 else 's'} "
+            f"that {redacted(storage)} does not hold (it holds {len(trials)}): another study of the same name, "
+            "such as a committed report beside a new local storage; give another --out, or --force to write over it"
         )

@@ -30,7 +30,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from sim.core.io import naming, write_atomic
+from sim.core.io import naming, staged_folder, write_atomic
 from sim.engine.actions import COUNTER_NAMES
 from sim.rows.headroom import headroom_share
 from sim.rows.replay import ReplayRow
@@ -38,15 +38,17 @@ from sim.tuning import assess
 from sim.tuning import trials as stored
 from sim.tuning.evaluate.replay import MatrixEvaluator, score, stored_rows
 from sim.tuning.reports.common import (
+    REPORT_FILES,
     FigureWriter,
     counts,
     dashboard_command,
+    identity_line,
     importances_section,
     plots_section,
     ranked_importances,
     rebuild,
-    remove_stale_best,
     reproduce_flags,
+    stale_best,
     write_best,
 )
 from sim.tuning.reports.replay_findings import (
@@ -178,6 +180,7 @@ def render(inputs: ReportInputs, facts: Findings) -> str:
     lines = [
         *_head(inputs, facts),
         *(_no_best(inputs) if best is None else _best_sections(inputs, facts)),
+        *_standing_section(facts),
         *_folds_section(spec, inputs.gains),
         *_rows_sections(inputs, facts),
         *_pareto_section(spec, facts.front),
@@ -218,6 +221,11 @@ def _head(inputs: ReportInputs, facts: Findings) -> list[str]:
         counts(facts.trials) + ".",
         "",
     ]
+
+
+def _standing_section(facts: Findings) -> list[str]:
+    """The constraints against the baseline (and the closest trial, without a best): why a run found what it did."""
+    return ["## Against the constraints", "", *(f"- {line}" for line in facts.standing), ""] if facts.standing else []
 
 
 def _no_best(inputs: ReportInputs) -> list[str]:
@@ -357,6 +365,8 @@ def _provenance(
         *commands,
         "",
         *_folds_note(spec),
+        identity_line(study.get_trials(deepcopy=False)),
+        "",
         "Then:",
         "",
         f"    python -m sim.tune {spec.path}{workers}{where}     # continues the study in {storage}",
@@ -418,7 +428,23 @@ def write_report(
     # The report takes from a second (5 rows) to half a minute (1000 rows): a line says so, and each stage that
     # lasts more than a second shows its progress (progress).
     print(f"writing report {out / 'report.md'} ...", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    # The whole set is made in a staging folder and renamed in at the end: a stop while it is made leaves the
+    # folder as it was, never new files beside old ones.
+    with staged_folder(out, REPORT_FILES) as stage:
+        return _write_report(spec, matrix, study, storage, out, stage, draw, folds)
+
+
+def _write_report(
+    spec: StudySpec,
+    matrix: MatrixEvaluator,
+    study: optuna.Study,
+    storage: str,
+    out: Path,
+    stage: Path,
+    draw: FigureWriter | None,
+    folds: Sequence[tuple[Fold, optuna.Study]],
+) -> str:
+    """write_report's body: the files go into `stage`, the text names them where they will be, in `out`."""
     found = stored.importances(study)  # PED-ANOVA per objective; the table shows the first
     ranked = ranked_importances(found)
     best = stored.best_trial(study)  # feasible, best on the first objective, on the Pareto front
@@ -426,9 +452,9 @@ def write_report(
     with progress("replaying the baseline and the best", len(configs) * len(matrix.traces), "trace") as advance:
         evaluated = [matrix.evaluate(config, advance) for config in configs]
     rows = (evaluated[0], evaluated[1] if best else None)
-    figures = write_figures(spec, matrix, study, found, best, rows, out, draw) if draw is not None else None
+    figures = write_figures(spec, matrix, study, found, best, rows, stage, draw) if draw is not None else None
     stale = out / "best.yaml"
-    removed_best = remove_stale_best(out, best)
+    removed_best = stale_best(out, best)
     gains = assessment(spec, matrix, rows, folds)
     oracle = None
     if rows[1] is not None:
@@ -439,9 +465,10 @@ def write_report(
     with progress(f"scoring (jitter_geomean: {spec.robust.seeds} noise draws)", scored, "trace") as advance:
         facts = findings(inputs, advance)
     with naming(out / "report.md"):
-        write_atomic(out / "report.md", render(inputs, facts))
+        write_atomic(stage / "report.md", render(inputs, facts))
     mapping = best_yaml(inputs, facts)
     if mapping is not None:
-        write_best(out, mapping)
+        write_best(stage, mapping)
     removed = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed_best else ""
-    return f"{facts.summary}\nreport: {out / 'report.md'}{removed}"
+    standing = "".join(f"\n{line}" for line in facts.standing)
+    return f"{facts.summary}{standing}\nreport: {out / 'report.md'}{removed}"

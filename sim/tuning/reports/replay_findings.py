@@ -21,7 +21,8 @@ from sim.rows.config import PolicyConfig
 from sim.rows.headroom import row_oracle_ms
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
-from sim.tuning.evaluate.replay import MatrixEvaluator, Progress, constraint_values
+from sim.tuning import trials as stored
+from sim.tuning.evaluate.replay import MatrixEvaluator, Progress, constraint_standing, constraint_values
 from sim.tuning.specs.folds import Fold
 from sim.tuning.specs.replay import StudySpec
 from sim.tuning.validation import training
@@ -114,6 +115,7 @@ class Findings:
     summary: str
     paired: assess.Paired  # every row: the baseline's, the best's and its group
     groups: list[str]  # every row's group as the table shows it, a holdout's rows marked
+    standing: list[str] = field(default_factory=list)  # the baseline's (and, without a best, the closest's) standing
 
 
 def findings(inputs: ReportInputs, progress: Progress | None = None) -> Findings:
@@ -149,7 +151,34 @@ def findings(inputs: ReportInputs, progress: Progress | None = None) -> Findings
     groups = [
         f"{g} (held out)" if holdout and id(r) not in inside else g for g, r in zip(both.groups, base_rows, strict=True)
     ]
-    return Findings(trials, searched, front, base_scores, best_scores, config, best_rows, summary, both, groups)
+    standing = _standing(inputs, searched, base_rows)
+    return Findings(
+        trials, searched, front, base_scores, best_scores, config, best_rows, summary, both, groups, standing
+    )
+
+
+def _standing(inputs: ReportInputs, searched: MatrixEvaluator, base_rows: list[ReplayRow]) -> list[str]:
+    """What the constraints make of the baseline and, without a feasible trial, of the trial closest to one, with
+    what to try: a first run that ends with no best says why, not only that."""
+    spec = inputs.spec
+    if not spec.constraints:
+        return []
+    base = "; ".join(constraint_standing(on_matrix(searched, base_rows), spec.constraints))
+    lines = [f"baseline {spec.baseline.label()}: {base}"]
+    if inputs.best is not None:
+        return lines
+    done = [t for t in stored.complete_trials(inputs.study) if t.constraints]
+    if not done:
+        return lines
+    closest = min(done, key=lambda t: (max(t.constraints.values()), t.number))
+    rows = on_matrix(searched, inputs.matrix.evaluate(spec.config(closest.params)))
+    lines.append(f"closest trial #{closest.number}: {'; '.join(constraint_standing(rows, spec.constraints))}")
+    lines.append(
+        "to try: more trials (--n-trials); a search space that reaches the rows above (a lower max_draft, a higher "
+        "threshold) or a lower limit in the spec's constraints; a profile measured again where its S(w) looks noisy "
+        "(docs/profiles.md)"
+    )
+    return lines
 
 
 def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:

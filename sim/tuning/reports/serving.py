@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from policies.speculation import Speculation, make_speculation
 from policies.vllm import parse_schedule
 from sim.core.errors import ConfigError
-from sim.core.io import naming, write_atomic
+from sim.core.io import naming, staged_folder, write_atomic
 from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning import trials as stored
 from sim.tuning.evaluate.serving import ServingEvaluator, constraint_values, level_score, score, scores
@@ -347,6 +347,8 @@ def _provenance(
         "",
         *commands,
         "",
+        shared.identity_line(study.get_trials(deepcopy=False)),
+        "",
         "Then:",
         "",
         f"    python -m sim.tune {spec.path}{where}     # continues the study in {storage}",
@@ -402,7 +404,21 @@ def write_serving_report(
     """report.md, best.yaml (when a feasible trial exists; an earlier one is removed otherwise) and the PNGs
     (`draw`: sim.tune passes sim.figures.study_figures.write_report_figures); returns the one-paragraph summary."""
     print(f"writing report {out / 'report.md'} ...", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    # Made in a staging folder, renamed in at the end: a stop meanwhile leaves the folder as it was.
+    with staged_folder(out, shared.REPORT_FILES) as stage:
+        return _write_serving(spec, evaluator, study, storage, out, stage, draw)
+
+
+def _write_serving(
+    spec: ServingSpec,
+    evaluator: ServingEvaluator,
+    study: optuna.Study,
+    storage: str,
+    out: Path,
+    stage: Path,
+    draw: shared.FigureWriter | None,
+) -> str:
+    """write_serving_report's body: the files go into `stage`, the text names them where they will be, in `out`."""
     trials = study.get_trials(deepcopy=False)
     found = stored.importances(study)
     ranked = shared.ranked_importances(found)
@@ -411,13 +427,8 @@ def write_serving_report(
     base = serve_all(spec, evaluator, Variant(**{**asdict(spec.baseline), "label": f"baseline {spec.baseline.label}"}))
     top = serve_all(spec, evaluator, policy_of(spec, best)) if best is not None else None
     served = [(base.label, base.rows), *([(top.label, top.rows)] if top is not None else [])]
-
-    figures = None
-    if draw is not None:
-        figures = _figures(spec, study, out, served, none, found, draw)
-    stale = out / "best.yaml"
-    removed = shared.remove_stale_best(out, best)
-
+    figures = _figures(spec, study, stage, served, none, found, draw) if draw is not None else None
+    stale, removed = out / "best.yaml", shared.stale_best(out, best)
     base_value = score(spec.objective, base.rows, none)
     if best is None or top is None:
         summary = f"{spec.name}: no feasible trial; baseline {spec.objective} {base_value:.4f} (none = 1)"
@@ -451,9 +462,9 @@ def write_serving_report(
         *_provenance(spec, evaluator, study, storage, out, best is not None),
     ]
     with naming(out / "report.md"):
-        write_atomic(out / "report.md", "\n".join(lines))
+        write_atomic(stage / "report.md", "\n".join(lines))
     if best is not None and top is not None:
-        shared.write_best(out, best_yaml(spec, evaluator, best, top.rows))
+        shared.write_best(stage, best_yaml(spec, evaluator, best, top.rows))
     gone = f"\nremoved {stale}: no feasible trial, so no best configuration" if removed else ""
     return f"{summary}\nreport: {out / 'report.md'}{gone}"
 
