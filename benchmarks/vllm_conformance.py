@@ -44,6 +44,7 @@ from _harness import command_line, cores, loadavg, note, progress, table, wrote
 from policies.vllm import VllmParams, from_speculative_config
 from sim.core.io import write_atomic
 from sim.drafters.stream import Stream, World
+from sim.engine import vllm as vllm_engine
 from sim.engine.trace import AFTER_EOS, Trace, read_trace
 from sim.rows.config import make_config
 from sim.rows.replay import run_trace
@@ -193,25 +194,18 @@ def compare(trace: Trace, measured: Any, replayed: dict[str, Any]) -> dict[str, 
         zip(replayed["per_step_drafted"], replayed["per_step_accepted"], strict=False),
         strict=False,
     )
-    row["first_difference"] = first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
-    row["verdict"] = "unknowable" if unknowable(measured, replayed, first) else "mismatch"
+    row["first_difference"] = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    row["verdict"] = "unknowable" if unknowable(measured, replayed) else "mismatch"
     return row
 
 
-def unknowable(measured: Any, replayed: dict[str, Any], first: int | None) -> bool:
+def unknowable(measured: Any, replayed: dict[str, Any]) -> bool:
     """A difference the trace could not settle: an earlier reply of the stream ended past what its trace answers
-    (vLLM's suffix cache then holds a token no trace records), or only the last step differs and replay could
-    verify its drafts only as far as the trace answers (`unknown_steps`: a trace without `after_eos` whose reply
-    ends on a drafted EOS, or one whose drafts reach past its recording). Both lists end on that step."""
-    if replayed["earlier_unknown_tail"]:
-        return True
-    last = len(replayed["per_step_accepted"]) - 1
-    return (
-        replayed["unknown_steps"] > 0
-        and first == last
-        and len(measured.per_step_accepted) == last + 1
-        and measured.per_step_drafted[last] == replayed["per_step_drafted"][last]
-        and measured.per_step_accepted[last] > replayed["per_step_accepted"][last]
+    (vLLM's suffix cache then holds a token no trace records), or this request's differs only on its last step,
+    where replay could verify the drafts only as far as the trace answers (a trace without `after_eos` whose reply
+    ends on a drafted EOS, or one whose drafts reach past its recording): `sim.engine.vllm.unknowable`."""
+    return replayed["earlier_unknown_tail"] or vllm_engine.unknowable(
+        measured.per_step_drafted, measured.per_step_accepted, replayed
     )
 
 

@@ -69,6 +69,22 @@ class VllmCounters:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "sampled"}
 
 
+def unknowable(drafted: Sequence[int], accepted: Sequence[int], replayed: dict[str, Any]) -> bool:
+    """Whether vLLM's per-step record (`drafted`, `accepted`) differs from the replay's (`VllmCounters.as_dict()`)
+    only where the trace cannot settle it: on the last step alone, which drafted as many tokens in both and whose
+    drafts replay could verify only as far as the trace answered (`unknown_steps`), vLLM accepting more there."""
+    mine_drafted, mine_accepted = replayed["per_step_drafted"], replayed["per_step_accepted"]
+    last = len(mine_accepted) - 1
+    return (
+        replayed["unknown_steps"] > 0
+        and last >= 0
+        and list(drafted) == list(mine_drafted)
+        and len(accepted) == last + 1
+        and list(accepted[:last]) == list(mine_accepted[:last])
+        and accepted[last] > mine_accepted[last]
+    )
+
+
 class VllmRequest:
     """One request in vLLM's engine, one step at a time: `prefill`, then per step `propose(k)` and `verify`.
 
