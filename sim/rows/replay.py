@@ -34,7 +34,7 @@ from sim.engine.timing import (
     time_run,
     tokens_per_second,
 )
-from sim.engine.trace import Trace, TraceTarget
+from sim.engine.trace import Trace
 from sim.rows.config import PolicyConfig
 
 # Top-1 minus top-2 logit below which a slot decided by a multi-token verify counts as a parity risk.
@@ -148,7 +148,7 @@ def run_trace(
 ) -> LoopResult:
     """The loop over a trace: counters and action log, no timing. `costs` is the profile a governor that reads
     costs is bound to (the others ignore it); `world` places the trace in a stream of requests (--as-stream)."""
-    target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
+    target = trace.target()
     drafter = request_drafter(trace, config, world)
     governor = config.governor(costs)
     cap = effective_max_tokens(trace, max_tokens)

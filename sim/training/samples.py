@@ -23,7 +23,7 @@ from sim.core.protocols import Draft, ForwardCosts
 from sim.engine.costs import Profile
 from sim.engine.mlxcel import run
 from sim.engine.schedule import trace_schedule
-from sim.engine.trace import Trace, TraceTarget
+from sim.engine.trace import Trace
 from sim.rows.replay import drafter_for, effective_max_tokens
 
 
@@ -107,7 +107,7 @@ def collect(
     oracle.follow(trace_schedule(trace, loop, costs, cap, drafter).decisions)
     student = _Student(loop, recent_weight, oracle)
     student.bind(costs)
-    target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
+    target = trace.target()
     run(target, student, loop, trace.prompt_tokens, cap, drafter)
     full = trace.prompt_tokens + trace.tokens
     end = len(trace.prompt_tokens) + (len(trace.tokens) if cap is None else min(cap, len(trace.tokens)))

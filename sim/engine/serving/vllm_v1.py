@@ -36,7 +36,7 @@ from sim.core.protocols import Drafter, SpeculationPolicy
 from sim.engine.serving.blocks import BlockPool
 from sim.engine.serving.requests import Entry, Live, SchedulerOutput
 from sim.engine.serving.scheduler import SCHEDULERS, RequestFactory, StepOutcome
-from sim.engine.trace import Trace, TraceTarget
+from sim.engine.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class VllmV1Scheduler:
                 f"{trace.path}: a prompt of {len(trace.prompt_tokens)} tokens does not fit max_model_len "
                 f"{self.params.max_model_len}"
             )
-        target = TraceTarget(trace.tokens, trace.eos_id, trace.stop == "eos")
+        target = trace.target()
         cap = trace.max_tokens
         if self.max_tokens is not None:
             if cap is not None and self.max_tokens > cap:

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from sim.core.errors import ModelError
-from sim.engine.trace import header_line, token_line, write_trace
+from sim.engine.trace import AFTER_EOS, header_line, token_line, write_trace
 from sim.hardware.options import naming, progress, require_finite
 from sim.hardware.prompts import PromptFile, encode, output_paths, read_prompt  # noqa: F401 (the library's API)
 from sim.hardware.torch.model import LoadedModel
-from sim.hardware.torch.target import TorchTarget, decode_plain
+from sim.hardware.torch.target import TorchTarget, decode_after, decode_plain
 
 DIGITS = 5  # logits and margins are rounded so that files stay short and diff cleanly
 
@@ -74,6 +74,7 @@ def record_one(
     tokens: list[int] = []
     margins: list[float] = []
     tops: list[Any] = []
+    stopped_on: list[int] = []  # the EOS the run stopped on, if it did
     out_dir.mkdir(parents=True, exist_ok=True)
     if force and (partial.is_symlink() or partial.is_file()):
         partial.unlink()
@@ -106,7 +107,7 @@ def record_one(
                     stream.flush()
                     bar.update(1)
 
-                decode_plain(target, max_tokens, on_token=land)
+                decode_plain(target, max_tokens, on_token=land, on_eos=stopped_on.append)
         except ModelError:
             partial.unlink()  # a broken model's recording is no prefix of anything worth keeping
             raise
@@ -114,6 +115,8 @@ def record_one(
         partial.unlink()
         raise ModelError(f"{name}: the model emitted EOS as its first token; there is nothing to record")
     stop = "max_tokens" if len(tokens) >= max_tokens else "eos"
+    if stopped_on:  # what the model emits after its EOS: an engine verifying drafts past the EOS answers from it
+        header["after_eos"] = decode_after(lm, [*prompt, *tokens, *stopped_on], AFTER_EOS)
     with naming(final):
         write_trace(final, {**header, "stop": stop, "max_tokens": max_tokens}, tokens, margins, tops if top else None)
     partial.unlink()

@@ -226,15 +226,21 @@ def _top_pairs(top: torch.Tensor) -> list[list[float]]:
 
 
 def decode_plain(
-    target: TorchTarget, max_tokens: int | None, on_token: Callable[[int, int], None] | None = None
+    target: TorchTarget,
+    max_tokens: int | None,
+    on_token: Callable[[int, int], None] | None = None,
+    on_eos: Callable[[int], None] | None = None,
 ) -> list[int]:
     """mlxcel's plain decoding: every step submitted before the previous one is read. Returns emitted tokens.
 
-    `on_token(index, token)` is called as each token lands (sim.record streams them to disk).
+    `on_token(index, token)` is called as each token lands (sim.record streams them to disk), `on_eos(token)` with
+    the EOS the run stops on, if it stops on one.
     """
     cap = max_tokens if max_tokens is not None else float("inf")
     first = target.prefill()
     if target.is_eos(first):
+        if on_eos:
+            on_eos(first)
         return []
     tokens = [first]
     if on_token:
@@ -246,10 +252,22 @@ def decode_plain(
             target.submit()  # from the unread token: the device never waits for the host
         token = target.read()
         if target.is_eos(token):
+            if on_eos:
+                on_eos(token)
             break
         tokens.append(token)
         if on_token:
             on_token(len(tokens) - 1, token)
+    return tokens
+
+
+def decode_after(lm: LoadedModel, context: Sequence[int], n: int) -> list[int]:
+    """`n` greedy tokens after `context`, past any EOS: what the model emits after its stop (a trace's `after_eos`),
+    which an engine verifying drafts past the EOS compares them with."""
+    target = TorchTarget(lm, context)
+    tokens = [target.prefill()] if n > 0 else []
+    while len(tokens) < n:
+        tokens.append(target.verify([])[0])  # one forward of the newest token
     return tokens
 
 

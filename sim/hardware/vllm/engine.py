@@ -112,6 +112,7 @@ class Output:
     per_step_accepted: list[int] = field(default_factory=list)
     num_draft_tokens: int = 0
     wall_s: float = 0.0
+    eos: int | None = None  # the EOS it stopped on
 
 
 class Engine:
@@ -141,9 +142,11 @@ class Engine:
                 ids.append(token)
         return tuple(ids)
 
-    def generate(self, prompt: list[int], max_tokens: int, logprobs: bool = False) -> Output:
-        """Greedy decoding of one request, alone in the engine."""
-        sampling = self.vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=2 if logprobs else None)
+    def generate(self, prompt: list[int], max_tokens: int, logprobs: bool = False, ignore_eos: bool = False) -> Output:
+        """Greedy decoding of one request, alone in the engine (past EOS too with `ignore_eos`)."""
+        sampling = self.vllm.SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, logprobs=2 if logprobs else None, ignore_eos=ignore_eos
+        )
         started = time.perf_counter()
         (result,) = self.llm.generate([{"prompt_token_ids": list(prompt)}], sampling, use_tqdm=False)
         wall = time.perf_counter() - started
@@ -152,11 +155,11 @@ class Engine:
         margins: list[float | None] = [None] * len(tokens)
         if logprobs:
             margins = [_margin(step) for step in completion.logprobs]
-        stop = "max_tokens"
+        stop, eos = "max_tokens", None
         if completion.finish_reason == "stop" and tokens and tokens[-1] in self.eos_ids:
-            tokens, margins, stop = tokens[:-1], margins[:-1], "eos"
+            tokens, margins, stop, eos = tokens[:-1], margins[:-1], "eos", tokens[-1]
         metrics = getattr(completion, "spec_decode_metrics", None)
-        out = Output(tokens, stop, margins, wall_s=wall)
+        out = Output(tokens, stop, margins, wall_s=wall, eos=eos)
         if metrics is not None:
             out.per_step_drafted = list(metrics.per_step_drafted)
             out.per_step_accepted = list(metrics.per_step_accepted)
@@ -212,13 +215,18 @@ def record_one(
 ) -> tuple[Path, int, str]:
     """Decode one prompt greedily through vLLM (no speculation, logprobs=2) and write its trace atomically; returns
     (path, tokens, stop). A request completes inside vLLM as a whole, so there is no partial file to grow."""
-    from sim.engine.trace import write_trace
+    from sim.engine.trace import AFTER_EOS, write_trace
     from sim.hardware.options import naming
     from sim.hardware.prompts import output_paths
 
     output = engine.generate(prompt, max_tokens, logprobs=True)
     if not output.tokens:
         raise ModelError(f"{name}: the model emitted EOS as its first token; there is nothing to record")
+    after: dict[str, Any] = {}
+    if output.eos is not None:  # what the model emits after its EOS, EOS in context: drafts past it verify there
+        context = [*prompt, *output.tokens, output.eos]
+        room = min(AFTER_EOS, engine.settings["max_model_len"] - len(context))  # no position past max_model_len
+        after["after_eos"] = engine.generate(context, room, ignore_eos=True).tokens if room > 0 else []
     described = engine_header(engine)
     header: dict[str, Any] = {
         "name": name,
@@ -236,6 +244,7 @@ def record_one(
         **meta,
         "stop": output.stop,
         "max_tokens": max_tokens,
+        **after,
     }
     final, _ = output_paths(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
