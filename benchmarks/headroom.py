@@ -31,6 +31,7 @@ from _harness import command_line, progress, table, wrote
 
 from policies import REGISTRY, governors
 from sim.core.io import write_atomic
+from sim.core.params import LoopParams
 from sim.engine.costs import Profile, load_profile
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig, make_config, read_config_file
@@ -91,12 +92,13 @@ def configurations() -> list[tuple[str, PolicyConfig, dict[str, str]]]:
     out = []
     for name in governors(causal_only=True):
         if name == "distilled":  # its bundled model was trained on every group of DISTILLED_SPEC, these rows too
-            label = "distilled (defaults: bundled model edits, in sample)"
+            label = "distilled (defaults: model edits at the loop settings its training chose, in sample)"
             out.append((label, make_config(name, {}), {"source": f"defaults; trained by {DISTILLED_SPEC}"}))
-            bundled = ROOT / "policies" / "models" / "edits.yaml"
-            config, _ = read_config_file(bundled)
-            where = f"{bundled.relative_to(ROOT)}: the loop settings its training rows chose"
-            out.append(("distilled (model edits at its chosen loop settings, in sample)", config, {"source": where}))
+            # The same model at the loop's own defaults: what its training's choice of loop settings is worth.
+            loop_defaults = dataclasses.asdict(LoopParams())
+            where = "the bundled model edits at LoopParams' defaults"
+            label = "distilled (model edits at the loop's defaults, in sample)"
+            out.append((label, make_config(name, loop_defaults), {"source": where}))
             continue
         out.append((f"{name} (defaults)", make_config(name, {}), {"source": "defaults"}))
     source = {"source": "gated_gb10 trial 858 on the 20 bundled rows (GATED_TUNED_ON_THESE_ROWS)"}

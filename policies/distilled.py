@@ -14,15 +14,15 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sim.core.errors import ConfigError, DraftlabError
 from sim.core.io import load_json, read_bytes
 from sim.core.params import MAX_MAGNITUDE, check_range, param
-from sim.core.protocols import PROMPT, Draft, ForwardCosts
+from sim.core.protocols import PROMPT, Draft, ForwardCosts, LoopChoice
 
 from .base import register
 from .cost_table import COST_REFRESH_TOKENS, CostTable, PricedWidth
@@ -51,6 +51,8 @@ FEATURES = (
 DEEP_EXTRA = ("log_depth",)  # the deep model's one more feature: log(k - 1) for depth k >= 2
 RECENT_START = 0.5  # the recent rates before this reply's first settled depth
 MAX_FEATURE_WEIGHT = 1e3  # a fitted weight's magnitude; a larger one is a broken file, not a model
+# The loop settings a model file's training chose (training/chosen) that the governor plays by default.
+LOOP_KEYS = ("max_draft", "ngram_min", "ngram_max")
 # The decision settings a model file carries, with their ranges.
 DECISION = {
     "margin": (-MAX_MAGNITUDE, MAX_MAGNITUDE),
@@ -99,6 +101,8 @@ class Model:
     shrink: float  # 0: the model alone; else q = (hits + shrink * p) / (tries + shrink) per depth, this reply's counts
     decay: float  # the reply's counts are multiplied by this before each new observation
     training: dict[str, Any]
+    # The loop settings its training chose (training/chosen): what `--policy distilled` plays unless told otherwise.
+    loop: dict[str, int] = field(default_factory=dict)
 
 
 def model_path(model: str) -> Path:
@@ -187,7 +191,20 @@ def parse_model(data: bytes, where: str) -> Model:
         shrink=float(decision["shrink"]),
         decay=float(decision["decay"]),
         training=raw["training"],
+        loop=_chosen_loop(raw["training"], fail),
     )
+
+
+def _chosen_loop(training: dict[str, Any], fail: Callable[[str], DraftlabError]) -> dict[str, int]:
+    """training/chosen's loop settings (LOOP_KEYS), checked; a model file without them plays the loop's defaults."""
+    chosen = training.get("chosen", {})
+    if not isinstance(chosen, dict):
+        raise fail("training/chosen must be a mapping (the settings its training chose)")
+    loop = {key: chosen[key] for key in LOOP_KEYS if key in chosen}
+    for key, value in loop.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise fail(f"training/chosen/{key} must be an integer >= 1, got {value!r}")
+    return loop
 
 
 def _sigmoid(z: float) -> float:
@@ -221,6 +238,15 @@ class Distilled(PricedWidth[DistilledParams]):
         self.hits = [0.0] * max_draft
         self.tries = [0.0] * max_draft
         self.features: list[float] = [0.0] * len(FEATURES)  # the last decision's, for records and training
+
+    @classmethod
+    def loop_choice(cls, params: DistilledParams) -> LoopChoice | None:
+        """The loop settings the model was trained at: its features and thresholds were fitted on rows replayed at
+        them, so they, not the loop's defaults, are what the model plays unless the user sets others."""
+        model = load_model(params.model)
+        if not model.loop:
+            return None
+        return LoopChoice(dict(model.loop), f"model {params.model} (the loop settings its training chose)")
 
     def bind(self, costs: ForwardCosts) -> None:
         self.table = CostTable(costs, self.max_draft, self.resume_gaps)

@@ -348,6 +348,10 @@ def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
         f"({tokens_per_second(c.generated, row.plain_time_ms):.1f} tok/s)  speedup={row.speedup:.3f}x"
     )
     text += _slower_line(row)
+    chosen = row.config.chosen_loop()
+    if chosen:
+        settings = " ".join(f"{k}={v}" for k, v in chosen.items())
+        text += f"\n[Loop settings] {settings} from {row.config.loop_source()}; set them to play others"
     if row.risky_verifies is not None:
         text += (
             f"\n[Parity risk] {row.risky_verifies} drafted verifies emitted a token whose margin was below "

@@ -99,6 +99,14 @@ class Decision:
     probes: bool
 
 
+@dataclass(frozen=True)
+class LoopChoice:
+    """Loop settings a policy's own parameters choose (a model file trained at them), and where they come from."""
+
+    values: dict[str, Any]  # LoopParams keys; the user's own settings override each
+    source: str  # for people: e.g. "model edits (the loop settings its training chose)"
+
+
 class Governor(Generic[P]):
     """Base of every policy: the protocol methods, with the defaults of a governor that never pauses."""
 
@@ -112,6 +120,12 @@ class Governor(Generic[P]):
     def __init__(self, params: P, max_draft: int):
         self.params = params
         self.max_draft = max_draft
+
+    @classmethod
+    def loop_choice(cls, params: P) -> LoopChoice | None:
+        """The loop settings `params` choose, where the loop's own defaults would not do (a learnt model was trained
+        at others); None: the loop's defaults."""
+        return None
 
     def bind(self, costs: ForwardCosts) -> None:
         """Overridden by a governor that reads the cost profile: called once before its run."""

@@ -66,9 +66,24 @@ class PolicyConfig:
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "params": self.settings()}
 
+    def chosen_loop(self) -> dict[str, Any]:
+        """The loop settings in force that the policy's parameters chose (`Governor.loop_choice`), not the user."""
+        choice = policy_class(self.policy).loop_choice(self.params)
+        if choice is None:
+            return {}
+        return {k: v for k, v in sorted(choice.values.items()) if getattr(self.loop, k) == v}
+
+    def loop_source(self) -> str | None:
+        """Where `chosen_loop`'s settings come from, for a row to say; None when the loop's defaults stand."""
+        choice = policy_class(self.policy).loop_choice(self.params)
+        return choice.source if choice is not None and self.chosen_loop() else None
+
     def label(self, base: PolicyConfig | None = None) -> str:
         """`gated` for defaults, `gated:full_at=1.75` for the settings that differ from `base` (or the defaults)."""
         reference = (base or make_config(self.policy, {})).settings()
+        choice = policy_class(self.policy).loop_choice(self.params)
+        if base is None and choice is not None:  # the loop settings its own parameters choose are its defaults
+            reference.update(choice.values)
         if self.own_keys:  # its drafter follows from its own keys
             return ":".join([self.policy, *(f"{k}={v}" for k, v in self.settings().items() if reference.get(k) != v)])
         if reference.get(DRAFTER_KEY) != self.drafter.name and not self.drafter.is_default:
@@ -96,7 +111,10 @@ def make_config(policy: str, values: dict[str, Any]) -> PolicyConfig:
         allowed = ", ".join([*policy_keys, *loop_keys, DRAFTER_KEY, DRAFTER_PREFIX + "KEY"])
         raise ConfigError(f"unknown parameter(s) {', '.join(unknown)} for policy {policy}; allowed: {allowed}")
     params = build_params(cls.Params, {k: v for k, v in values.items() if k in policy_keys}, policy)
-    loop = build_params(LoopParams, {k: v for k, v in values.items() if k in loop_keys}, "loop")
+    choice = cls.loop_choice(params)
+    # The policy's own choice of loop settings stands in for the loop's defaults; what the user sets still wins.
+    chosen = dict(choice.values) if choice is not None else {}
+    loop = build_params(LoopParams, {**chosen, **{k: v for k, v in values.items() if k in loop_keys}}, "loop")
     return PolicyConfig(policy, params, loop, make_drafter(drafter_values), engine)
 
 

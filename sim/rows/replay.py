@@ -223,6 +223,7 @@ class ReplayRow:
     def as_dict(self) -> dict[str, Any]:
         counters = self.counters.as_dict()
         generated = counters.pop("generated")
+        chosen = self.config.chosen_loop()
         return {
             "trace": self.trace.name,
             "trace_path": self.trace.path,
@@ -245,6 +246,8 @@ class ReplayRow:
             "plain_tok_s": tokens_per_second(generated, self.plain_time_ms),
             **({"stream": {"index": self.stream[0], "requests": self.stream[1]}} if self.stream else {}),
             **({"vllm": self.engine} if self.engine is not None else {}),
+            # which of `params` the policy's own parameters chose (a distilled model's training), not the user
+            **({"loop_from": {"settings": chosen, "source": self.config.loop_source()}} if chosen else {}),
         }
 
 

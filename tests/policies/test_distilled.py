@@ -4,6 +4,7 @@ end to end (same bytes twice)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -106,10 +107,12 @@ def test_a_model_file_path_is_taken_and_changes_decisions(tmp_path):
         doc["deep"] = dict.fromkeys([*FEATURES, "log_depth"], 0.0) | {"bias": bias}
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(doc))
-        counters[name] = replay(trace, make_config("distilled", {"model": str(path)}), profile).counters
+        config = make_config("distilled", {"model": str(path)})
+        counters[name] = replay(trace, config, profile).counters
     assert counters["never"].drafted_rounds == 0
     assert counters["sure"].drafted_rounds > 0
-    fixed = replay(trace, make_config("fixed", {}), profile).counters
+    # fixed at the loop settings the model file's training chose, which the distilled governor plays
+    fixed = replay(trace, make_config("fixed", dataclasses.asdict(config.loop)), profile).counters
     assert counters["sure"].proposed == fixed.proposed  # every draft proposed whole, as fixed does
 
 
@@ -325,3 +328,46 @@ def test_command_edge_cases_end_in_files_that_load_or_one_error_line(tmp_path):
     refused = train_cli(clash, tmp_path, "--force", "--no-heldout")
     assert refused.returncode == 2 and "one of this command's inputs" in refused.stderr
     assert "Traceback" not in refused.stderr and profile.read_bytes() == before
+
+
+def test_distilled_plays_the_loop_settings_its_models_training_chose_by_default(tmp_path):
+    """`--policy distilled` and `distilled:model=NAME` play the loop settings each model's training chose (the
+    rows its features were fitted on), not the loop's defaults; what the user sets still wins, and the row says
+    which settings came from the model."""
+    for name in bundled_models():
+        chosen = json.loads((ROOT / "policies" / "models" / f"{name}.json").read_text())["training"]["chosen"]
+        config = make_config("distilled", {"model": name})
+        loop = {k: getattr(config.loop, k) for k in ("max_draft", "ngram_min", "ngram_max")}
+        assert loop == {k: chosen[k] for k in loop}, name
+        assert config.chosen_loop() == dict(sorted(loop.items()))
+        assert config.label() == ("distilled" if name == DEFAULT_MODEL else f"distilled:model={name}")
+    assert make_config("distilled", {}).loop != LoopParams()  # the bundled edits chose max_draft 9, not 7
+    mine = make_config("distilled", {"max_draft": 4})
+    assert mine.loop.max_draft == 4 and "max_draft" not in mine.chosen_loop()
+    assert mine.label() == "distilled:max_draft=4"
+    # Another model's label shows only what differs from that model's own choice.
+    smol = make_config("distilled", {"model": "smollm2", "max_draft": 9})
+    assert smol.label() == "distilled:max_draft=9:model=smollm2"
+    row = replay(read_trace(ROOT / "traces" / "email.jsonl"), make_config("distilled", {}), load_profile(GB10_8B))
+    assert row.as_dict()["loop_from"] == {
+        "settings": make_config("distilled", {}).chosen_loop(),
+        "source": "model edits (the loop settings its training chose)",
+    }
+    # Set max_draft, the model's ngram settings still stand and the row says so, for them only.
+    mine_row = replay(read_trace(ROOT / "traces" / "email.jsonl"), mine, load_profile(GB10_8B)).as_dict()
+    assert mine_row["loop_from"]["settings"] == {"ngram_max": 3, "ngram_min": 2}
+    # A model file that names no chosen settings plays the loop's defaults.
+    training = {k: v for k, v in document()["training"].items() if k != "chosen"}
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(document(training=training)))
+    plain = make_config("distilled", {"model": str(path)})
+    assert plain.loop == LoopParams() and plain.chosen_loop() == {} and plain.loop_source() is None
+
+
+@pytest.mark.parametrize("chosen", [{"max_draft": 0}, {"ngram_max": "3"}, {"max_draft": True}, [9]])
+def test_a_models_chosen_loop_settings_are_checked_on_load(tmp_path, chosen):
+    training = {**document()["training"], "chosen": chosen}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document(training=training)))
+    with pytest.raises(ConfigError, match="training/chosen"):
+        make_config("distilled", {"model": str(path)})
