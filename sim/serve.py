@@ -323,7 +323,7 @@ def _serve(args: argparse.Namespace) -> int:
                 slo=slo,
                 load=load,
                 driver=args.model,
-                progress=(lambda now_ms, bar=progress: bar.advance_to(now_ms / 1000.0)) if show else None,
+                progress=progress.advance_in(1000.0) if show else None,  # the clock runs in ms
                 max_tokens=args.max_tokens,
                 mlxcel_lookup=mlxcel_lookup,
                 keep_steps=steps_out is not None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from tqdm import tqdm
@@ -63,6 +64,14 @@ class Progress:
     def advance_to(self, value: float) -> None:
         if value > self.n:
             self.update(value - self.n)
+
+    def advance_in(self, per_unit: float) -> Callable[[float], None]:
+        """`advance_to` for a caller counting in smaller units (a simulated clock in ms against a total in s)."""
+
+        def advance(value: float) -> None:
+            self.advance_to(value / per_unit)
+
+        return advance
 
     def set_postfix_str(self, text: str) -> None:
         self.postfix = text
