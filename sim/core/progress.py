@@ -73,10 +73,10 @@ class Progress:
 
         return advance
 
-    def set_postfix_str(self, text: str) -> None:
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
         self.postfix = text
         if self.bar is not None:
-            self.bar.set_postfix_str(text)
+            self.bar.set_postfix_str(text, refresh=refresh)
 
     def close(self) -> None:
         if self.closed:
