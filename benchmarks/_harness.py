@@ -22,14 +22,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tqdm import tqdm
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 # A benchmark that loads a model never reaches for the hub, whatever the caller's environment says.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from sim.core.io import write_atomic  # noqa: E402
+from sim.core.progress import Progress  # noqa: E402
 from sim.hardware.options import progress as _progress  # noqa: E402  (torch-free: bars on stderr, TQDM_DISABLE)
 from sim.hardware.options import require_torch  # noqa: E402
 
@@ -63,8 +62,8 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def progress(total: int, desc: str, unit: str = "step") -> tqdm:
-    """A progress bar on stderr with the rate and the time left (sim.hardware.options.progress; off with
+def progress(total: int, desc: str, unit: str = "step") -> Progress:
+    """Progress on stderr (sim.core.progress: a bar on a terminal, a plain line every 10 s in a log; off with
     TQDM_DISABLE=1)."""
     return _progress(total, desc, unit)
 

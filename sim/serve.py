@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +19,7 @@ from sim import cli
 from sim.core.errors import ConfigError, ProfileError
 from sim.core.io import check_out_file, same_file, write_atomic
 from sim.core.params import build_params, decimal, describe
+from sim.core.progress import Progress
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
 from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
@@ -187,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress",
         choices=("auto", "on", "off"),
         default="auto",
-        help="a progress line on stderr: auto shows it when stderr is a terminal",
+        help="progress on stderr: a bar on a terminal, else a plain line every 10 s or tenth of the run "
+        "(auto and on alike); off for none",
     )
     return parser
 
@@ -262,24 +262,6 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
     return out
 
 
-class _Progress:
-    def __init__(self, enabled: bool, what: str, horizon_ms: float) -> None:
-        self.enabled, self.what, self.horizon = enabled, what, max(horizon_ms, 1.0)
-        self.last = 0.0
-
-    def __call__(self, now_ms: float) -> None:
-        wall = time.monotonic()
-        if wall - self.last >= 0.5:
-            self.last = wall
-            share = min(now_ms / self.horizon, 1.0)
-            bar = "#" * int(share * 30)
-            print(f"\r{self.what} [{bar:<30}] {now_ms / 1000:8.1f} s simulated", end="", file=sys.stderr, flush=True)
-
-    def done(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr)
-
-
 def _table(rows: list[ServingRow], base: ServingRow | None) -> str:
     head = (
         f"{'policy':<28} {'req/s':>6} {'tok/s':>8} {'x tok/s':>7} {'x TPOT':>6} {'TTFT p50':>9} {'p99':>8} "
@@ -327,14 +309,14 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps-out {steps_out} is one of the traces")
     loads = _load(args, traces)
     step_lines: list[str] = []
-    show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
+    show = args.progress != "off"  # off a terminal too: plain lines, so a logged run of minutes is not silent
     costs = ProfileCosts(profile)
     for load, arrivals in loads:
         rows = []
         for variant in variants:
-            horizon = arrivals[-1].time_s * 1000.0 * 1.2
+            horizon_s = round(arrivals[-1].time_s * 1.2, 1)  # the last arrival, plus the drain after it
             what = f"{variant.label[:24]} @ {load.get('rate', 'manifest')}"
-            progress = _Progress(show, what, horizon)
+            progress = Progress(horizon_s, what, "s simulated", enabled=show, leave=False)
             row, served = run_serving(
                 arrivals,
                 variant,
@@ -345,12 +327,12 @@ def _serve(args: argparse.Namespace) -> int:
                 slo=slo,
                 load=load,
                 driver=args.model,
-                progress=progress if show else None,
+                progress=progress.advance_in(1000.0) if show else None,  # the clock runs in ms
                 max_tokens=args.max_tokens,
                 mlxcel_lookup=mlxcel_lookup,
                 keep_steps=steps_out is not None,
             )
-            progress.done()
+            progress.close()
             rows.append(row)
             for step in served.steps or ():
                 record = {"label": variant.label, "rate": load.get("rate"), **dataclasses.asdict(step)}

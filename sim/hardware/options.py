@@ -13,18 +13,17 @@ import json
 import math
 import os
 import re
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from sim.core.errors import ModelError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs
 from sim.core.params import integer
+from sim.core.progress import Progress
+from sim.core.progress import progress as core_progress
 from sim.engine.trace import Trace
 
 # The named random-weight architectures of sim/hardware/torch/model.py (ARCHS there must list exactly these, in
@@ -187,24 +186,10 @@ def require_torch(command: str) -> None:
         raise UserError(f"{command} needs the torch extra ({missing} cannot be imported): {TORCH_EXTRA}") from None
 
 
-def progress(total: float | None, desc: str, unit: str, enabled: bool = True) -> tqdm:
-    """A progress bar on stderr with the rate and an estimate of the time left; off with TQDM_DISABLE=1.
-
-    On a terminal it redraws in place and is cleared when done; elsewhere (a log file, a pipe) it is written at
-    most every 10 s and its final state stays, so a long run is never silent.
-    """
-    quiet = not enabled or os.environ.get("TQDM_DISABLE", "").strip().lower() in ("1", "true", "yes")
-    terminal = sys.stderr.isatty()
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        disable=quiet,
-        file=sys.stderr,
-        leave=not terminal,
-        mininterval=0.2 if terminal else 10.0,
-        dynamic_ncols=terminal,
-    )
+def progress(total: float | None, desc: str, unit: str, enabled: bool = True) -> Progress:
+    """A progress bar on stderr (sim.core.progress: redrawn on a terminal, plain lines in a log; off with
+    TQDM_DISABLE=1)."""
+    return core_progress(total, desc, unit, enabled)
 
 
 def output_name(name: str, where: str) -> str:

@@ -18,10 +18,10 @@ import numpy as np
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import Trial, TrialState
-from tqdm import tqdm
 
 from sim.core.errors import StudyError, UserError
 from sim.core.io import naming
+from sim.core.progress import Progress, progress
 from sim.core.stops import STOPS
 from sim.tuning.evaluate.replay import MatrixEvaluator, run_trial
 from sim.tuning.evaluate.serving import ServingEvaluator
@@ -380,7 +380,7 @@ def run_workers(
     total = limits.own
     if total is None and limits.cap is not None:
         total = max(limits.cap - len(study.get_trials(deepcopy=False)), 0)
-    bar = tqdm(total=total, desc=spec.name, unit="trial", file=sys.stderr, dynamic_ncols=True)
+    bar = progress(total, spec.name, "trial")
     try:
         if workers == 1:
             seed = sampler_seed(spec.seed, invocation, 0)
@@ -399,7 +399,7 @@ def _supervise(
     workers: int,
     heartbeat_s: int,
     sleep_s: float,
-    bar: tqdm,
+    bar: Progress,
     fold: int | None,
 ) -> list[str]:
     """Start the workers, grant their trials (the invocation's own count lives here), move the bar, collect what
@@ -471,7 +471,7 @@ def run_serving_trials(
     total = limits.own
     if total is None and limits.cap is not None:
         total = max(limits.cap - held, 0)
-    bar = tqdm(total=total, desc=spec.name, unit="trial", file=sys.stderr, dynamic_ncols=True)
+    bar = progress(total, spec.name, "trial")
     try:
         evaluator.none()  # before the first trial: its time is the invocation's, not the first trial's
 

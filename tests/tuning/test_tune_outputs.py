@@ -432,6 +432,7 @@ def test_the_report_says_it_is_being_written_and_shows_the_progress_of_slow_stag
     import sim.tuning.reports.replay_findings as report
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DRAFTLAB_PROGRESS_EVERY_S", "0")  # stderr is no terminal here: plain lines, one per update
     real = report.row_oracle_ms
 
     def slow(row):

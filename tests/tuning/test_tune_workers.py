@@ -13,6 +13,7 @@ skips, except under CI=true, where it fails.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -367,12 +368,14 @@ def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool
         for line in lines
         if not line.startswith("import time:")
         for part in line.rstrip("\n").split("\r")
-        if part.strip() and "trial/s" not in part and "?trial" not in part and not part.startswith(PROGRESS)
+        if part.strip() and not TRIAL_BAR.search(part) and not part.startswith(PROGRESS)
     ]
     return proc.returncode, shown
 
 
 PROGRESS = ("writing report ", "report: ", "loading ")  # progress lines on stderr, not messages
+# the trials' bar: tqdm's on a terminal (`trial/s`, `?trial`), sim.core.progress's plain line elsewhere
+TRIAL_BAR = re.compile(r"trial/s|\?trial|: \d+/\d+ trial \(")
 
 MOMENTS = {
     # while optuna is being imported (after the interpreter's own start-up)

@@ -5,7 +5,6 @@ best.yaml."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,8 +13,8 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
-from tqdm import tqdm
 
+from sim.core.progress import progress as stage_progress
 from sim.engine.timing import speedup
 from sim.rows.config import PolicyConfig
 from sim.rows.headroom import row_oracle_ms
@@ -33,13 +32,8 @@ def progress(desc: str, total: int, unit: str) -> Iterator[Progress]:
     """A progress bar on stderr for one stage of writing the report (on the committed studies the oracle column
     takes seconds, the jitter scores and the folds several more); it goes once the stage is done. Nothing of it
     reaches the report's files."""
-    bar = tqdm(
-        total=total, desc=f"report: {desc}", unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False, delay=1.0
-    )
-    try:
+    with stage_progress(total, f"report: {desc}", unit, leave=False) as bar:
         yield bar.update
-    finally:
-        bar.close()
 
 
 def _scores(
