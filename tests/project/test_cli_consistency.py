@@ -1,0 +1,63 @@
+"""The command lines agree with each other: policies are chosen with `--compare` everywhere (sim.confirm's old
+`--policies` still works and says it is deprecated), and a profile name from the other catalogue (replay's cost
+profiles, sim.serve's serving profiles) is refused with the command that takes it. Each runs the real command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = str(ROOT / "traces" / "email.jsonl")
+
+
+def _run(module: str, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv], cwd=cwd, capture_output=True, text=True, check=False, timeout=300
+    )
+
+
+def _confirm(tmp_path: Path, flag: str) -> subprocess.CompletedProcess[str]:
+    common = ["--profile", "gb10-qwen3-8b-4bit", "--out", str(tmp_path / "out"), "--arch", "tiny", "--device", "cpu"]
+    return _run("sim.confirm", TRACE, *common, flag, "gated,oracle")
+
+
+def test_confirm_takes_compare_as_replay_and_serve_do(tmp_path):
+    done = _confirm(tmp_path, "--compare")
+    assert done.returncode == 2 and "--compare oracle" in done.stderr and "not causal" in done.stderr
+    assert "deprecated" not in done.stderr and "Traceback" not in done.stderr
+    help_text = _run("sim.confirm", "--help").stdout
+    assert "--compare P1,P2" in help_text and "--policies P1" not in help_text
+    for module in ("sim.replay", "sim.serve"):
+        assert "--compare" in _run(module, "--help").stdout
+
+
+def test_confirm_still_takes_policies_and_says_it_is_deprecated(tmp_path):
+    done = _confirm(tmp_path, "--compare")
+    lines = done.stderr.splitlines()
+    assert lines[0] == "warning: --policies is deprecated: use --compare"
+    assert done.returncode == 2 and "--compare oracle" in done.stderr and "not causal" in done.stderr
+    both = _run("sim.confirm", TRACE, "--profile", "p", "--out", "o", "--compare", "gated", "--compare", "gated")
+    assert both.returncode == 2 and "given twice" in both.stderr
+
+
+def test_a_serving_profile_given_to_replay_names_the_command_that_takes_it():
+    done = _run("sim.replay", TRACE, "--profile", "h100-llama-3-8b")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "unknown profile 'h100-llama-3-8b'" in done.stderr
+    assert "'h100-llama-3-8b' is a serving profile, for sim.serve --profile" in done.stderr
+
+
+def test_a_cost_profile_given_to_serve_names_the_commands_that_take_it():
+    done = _run("sim.serve", TRACE, "--rate", "1", "--profile", "cpu-smollm2-135m-instruct")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "'cpu-smollm2-135m-instruct' is a cost profile, for sim.replay" in done.stderr
+
+
+def test_a_name_in_neither_catalogue_lists_both():
+    done = _run("sim.replay", TRACE, "--profile", "h100")
+    assert done.returncode == 2 and "gb10-qwen3-8b-4bit" in done.stderr
+    assert "serving profiles of sim.serve --profile" in done.stderr and "h100-llama-3-8b" in done.stderr
+    assert "h100-llama-3-8b" in _run("sim.serve", "--help").stdout
+    assert "gb10-meta-llama-3.1-8b-instruct-4bit" in _run("sim.replay", "--help").stdout
