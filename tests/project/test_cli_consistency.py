@@ -4,9 +4,14 @@ profiles, sim.serve's serving profiles) is refused with the command that takes i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from policies import REGISTRY
+from sim.core.params import describe
+from sim.replay import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = str(ROOT / "traces" / "email.jsonl")
@@ -34,11 +39,11 @@ def test_confirm_takes_compare_as_replay_and_serve_do(tmp_path):
 
 
 def test_confirm_still_takes_policies_and_says_it_is_deprecated(tmp_path):
-    done = _confirm(tmp_path, "--compare")
+    done = _confirm(tmp_path, "--policies")
     lines = done.stderr.splitlines()
     assert lines[0] == "warning: --policies is deprecated: use --compare"
     assert done.returncode == 2 and "--compare oracle" in done.stderr and "not causal" in done.stderr
-    both = _run("sim.confirm", TRACE, "--profile", "p", "--out", "o", "--compare", "gated", "--compare", "gated")
+    both = _run("sim.confirm", TRACE, "--profile", "p", "--out", "o", "--compare", "gated", "--policies", "gated")
     assert both.returncode == 2 and "given twice" in both.stderr
 
 
@@ -61,3 +66,24 @@ def test_a_name_in_neither_catalogue_lists_both():
     assert "serving profiles of sim.serve --profile" in done.stderr and "h100-llama-3-8b" in done.stderr
     assert "h100-llama-3-8b" in _run("sim.serve", "--help").stdout
     assert "gb10-meta-llama-3.1-8b-instruct-4bit" in _run("sim.replay", "--help").stdout
+
+
+def test_replay_help_is_short_and_still_names_every_flag_policy_and_parameter():
+    done = subprocess.run(
+        [sys.executable, "-m", "sim.replay", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) <= 110, len(lines)
+    assert max(len(line) for line in lines) <= 120
+    for action in build_parser()._actions:
+        for option in action.option_strings:
+            assert option in done.stdout
+    for name, cls in REGISTRY.items():
+        assert f"  {name}" in done.stdout
+        for key, default, _ in describe(cls.Params):
+            assert f"{key}={default!r}" in done.stdout.replace("\n      ", " ")
