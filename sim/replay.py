@@ -32,6 +32,7 @@ from sim.engine.timing import MAX_SEED, Jitter, speedup, tokens_per_second
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
 from sim.rows.headroom import headroom_share, row_oracle_ms, time_regret
+from sim.rows.labels import fit_labels
 from sim.rows.replay import (
     DEFAULT_RISK_MARGIN,
     MAX_REPLY_TOKENS,
@@ -48,6 +49,7 @@ from sim.rows.rounds import Run, rounds_text, run_record
 
 DEFAULT_POLICY = "gated"
 HELP_WIDTH = 100
+LABEL_WIDTH = 24  # a policy column's label, at most
 MAX_RISK_MARGIN = 1000.0  # logits: margins between the two best are a few units, never thousands
 
 
@@ -355,13 +357,14 @@ def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
 
 
 def _table(rows: list[ReplayRow], labels: list[str], profile: str, best: dict[OracleKey, float] | None = None) -> str:
-    width = max(12, *(len(label) + 2 for label in labels))
+    shown, notes = fit_labels(labels, LABEL_WIDTH)  # a label past the width: shared settings said once, a legend
+    width = max(12, *(len(label) + 2 for label in shown))
     name_width = max(10, *(len(r.trace.name) for r in rows))
     out = [
         f"Simulated speedup over plain decoding on {profile} (>1.00x = faster than plain; counters per policy "
         "with --json)"
     ]
-    out.append(f"{'trace':<{name_width}} {'tokens':>6} " + "".join(f"{label:>{width}}" for label in labels))
+    out.append(f"{'trace':<{name_width}} {'tokens':>6} " + "".join(f"{label:>{width}}" for label in shown))
     by_trace: dict[str, dict[str, ReplayRow]] = {}
     for r in rows:
         by_trace.setdefault(r.trace.path, {})[r.label] = r
@@ -375,10 +378,11 @@ def _table(rows: list[ReplayRow], labels: list[str], profile: str, best: dict[Or
     out.append(f"{'geomean':<{name_width}} {'':>6} " + "".join(f"{m:>{width - 1}.3f}x" for m in means))
     out.append(f"{'worst row':<{name_width}} {'':>6} " + "".join(f"{w:>{width - 1}.3f}x" for w in worst))
     if best is not None:
-        out += _headroom_lines([[cells[label] for cells in by_trace.values()] for label in labels], best, name_width)
+        columns = [[cells[label] for cells in by_trace.values()] for label in labels]
+        out += _headroom_lines(columns, best, name_width, width)
         if any(not _causal(r.config) for r in rows):
             out[1] = out[1].replace(" oracle", "oracle*", 1)  # the column of the bound, marked for the footnote
-    return "\n".join(out)
+    return "\n".join(out + notes)
 
 
 # The oracle a row is measured against: same trace, profile and loop parameters.
@@ -420,9 +424,10 @@ def _share(share: float) -> str:
     return "n/a" if math.isnan(share) else f"{share:.1%}"  # nan: the oracle gains nothing, so there is no headroom
 
 
-def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, float], name_width: int) -> list[str]:
+def _headroom_lines(
+    columns: list[list[ReplayRow]], best: dict[OracleKey, float], name_width: int, width: int
+) -> list[str]:
     """Per policy: the share of the oracle's headroom it captures and its time regret (docs/oracle.md)."""
-    width = max(12, *(len(column[0].label) + 2 for column in columns))
     shares, regrets = [], []
     for column in columns:
         oracle = [best[_oracle_key(r)] for r in column]

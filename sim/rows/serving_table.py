@@ -11,10 +11,11 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sim.rows.labels import LEGEND_WIDTH, fit_labels
 from sim.rows.serving import ServingRow
 
 LABEL_WIDTH = 24  # a longer label is shown as `[n] NAME` and given whole in the legend
-LINE_WIDTH = 110
+LINE_WIDTH = LEGEND_WIDTH
 
 
 @dataclass(frozen=True)
@@ -68,20 +69,6 @@ def speculation_columns(base: ServingRow | None) -> list[Column]:
     ]
 
 
-def short_labels(rows: Sequence[ServingRow]) -> tuple[list[str], list[str]]:
-    """Each row's label as shown, and the legend lines that give the long ones whole."""
-    shown: list[str] = []
-    legend: list[str] = []
-    for r in rows:
-        if len(r.label) <= LABEL_WIDTH:
-            shown.append(r.label)
-            continue
-        mark = f"[{len(legend) + 1}]"
-        shown.append(f"{mark} {r.policy}"[:LABEL_WIDTH])
-        legend.extend(textwrap.wrap(f"{mark} {r.label}", LINE_WIDTH, subsequent_indent="    ", break_on_hyphens=False))
-    return shown, legend
-
-
 def _render(shown: Sequence[str], rows: Sequence[ServingRow], columns: Sequence[Column]) -> list[str]:
     width = max([len("policy"), *(len(s) for s in shown)])
     lines = [
@@ -116,7 +103,7 @@ LEGEND = (
 def level_tables(rows: Sequence[ServingRow], goodput: bool) -> str:
     """The two tables of one load level and their legend."""
     base = next((r for r in rows if r.policy == "none"), None)
-    shown, long_labels = short_labels(rows)
+    shown, long_labels = fit_labels([r.label for r in rows], LABEL_WIDTH)
     lines = _render(shown, rows, vllm_columns(goodput))
     lines.append("")
     lines.extend(_render(shown, rows, speculation_columns(base)))

@@ -87,3 +87,41 @@ def test_replay_help_is_short_and_still_names_every_flag_policy_and_parameter():
         assert f"  {name}" in done.stdout
         for key, default, _ in describe(cls.Params):
             assert f"{key}={default!r}" in done.stdout.replace("\n      ", " ")
+
+
+def test_replay_headers_fit_and_say_shared_settings_once_and_long_labels_whole():
+    done = _run(
+        "sim.replay",
+        TRACE,
+        "--compare",
+        "off,gated,gated:full_at=1.75:narrow_width=3:average_weight=0.7",
+        "--drafter",
+        "suffix:min_token_prob=0.2",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("trace "))
+    assert len(header) <= 80 and "drafter" not in header
+    assert "every column: drafter=suffix:drafter.min_token_prob=0.2" in lines
+    assert "[1] gated:average_weight=0.7:full_at=1.75:narrow_width=3" in lines
+    plain = _run("sim.replay", TRACE, "--compare", "off,gated").stdout.splitlines()
+    assert "every column" not in "\n".join(plain)  # labels that fit are shown as they are
+
+
+def test_conformance_table_on_the_terminal_fits_and_its_markdown_keeps_every_config(tmp_path):
+    record = ROOT / "benchmarks" / "results" / "vllm_conformance_vllm_run.json"
+    out = tmp_path / "conformance.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/vllm_conformance.py", "--replay-only", str(record), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    table_lines = [line for line in done.stdout.splitlines() if not line.startswith(("Command:", "wrote "))]
+    assert max(len(line) for line in table_lines) <= 120
+    assert '[1] {"method": "ngram"' in done.stdout
+    committed = (ROOT / "benchmarks" / "results" / "vllm_conformance.md").read_text()
+    assert out.with_suffix(".md").read_text().split("\n", 4)[4] == committed.split("\n", 4)[4]
