@@ -33,7 +33,8 @@ class Parser(argparse.ArgumentParser):
         """`old` still works as `new` (same value, same destination, so giving both is giving it twice), kept out of
         --help and named deprecated on stderr whenever it is used."""
         action = next(a for a in self._actions if new in a.option_strings)
-        self.add_argument(old, dest=action.dest, type=action.type, metavar=action.metavar, help=argparse.SUPPRESS)
+        typed: dict[str, Any] = {} if action.type is None else {"type": action.type}
+        self.add_argument(old, dest=action.dest, metavar=action.metavar, help=argparse.SUPPRESS, **typed)
         self._deprecated[old] = new
 
     def error(self, message: str) -> NoReturn:
