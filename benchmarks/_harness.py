@@ -17,6 +17,7 @@ import resource
 import shlex
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -84,6 +85,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
         ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in cells)])
+
+
+def fit_table(headers: Sequence[str], rows: Sequence[Sequence[object]], width: int = 110) -> str:
+    """`table`, for a terminal: when a line would run past `width`, the cells of the widest column become `[n]`
+    marks and are given whole, wrapped, in a legend under the table (a markdown file keeps the full table)."""
+    text = table(headers, rows)
+    if max(len(line) for line in text.splitlines()) <= width:
+        return text
+    cells = [[str(c) for c in row] for row in rows]
+    widest = max(range(len(headers)), key=lambda i: max(len(row[i]) for row in cells) if cells else 0)
+    legend: list[str] = []
+    for n, row in enumerate(cells, 1):
+        legend += textwrap.wrap(f"[{n}] {row[widest]}", width, subsequent_indent="    ", break_on_hyphens=False)
+        row[widest] = f"[{n}]"
+    return table(headers, cells) + "\n" + "\n".join(legend)
 
 
 def wrote(*paths: str | os.PathLike[str]) -> None:

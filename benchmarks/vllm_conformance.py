@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _harness import command_line, cores, loadavg, note, progress, table, wrote
+from _harness import command_line, cores, fit_table, loadavg, note, progress, table, wrote
 
 from policies.vllm import VllmParams, from_speculative_config
 from sim.core.io import write_atomic
@@ -389,23 +389,21 @@ def write(
         if "vllm_record" not in out
         else f" (vLLM's side read from `{args.replay_only}`, written by `{out['vllm_record']['command']}`)"
     )
+    headers = ["speculative_config", "exact", "flip", "unknowable", "mismatch"]
+    cells = [
+        [json.dumps(r["speculative_config"]), r["exact"], r["flip"], r["unknowable"], r["mismatch"]] for r in results
+    ]
     lines = [
         f"# vLLM conformance: {len(traces)} requests x {len(results)} configurations, vLLM {vllm_version}",
         "",
         f"Command: `{out['command']}`{source}",
         "",
-        table(
-            ["speculative_config", "exact", "flip", "unknowable", "mismatch"],
-            [
-                [json.dumps(r["speculative_config"]), r["exact"], r["flip"], r["unknowable"], r["mismatch"]]
-                for r in results
-            ],
-        ),
+        table(headers, cells),
     ]
     markdown = path.with_suffix(".md")
     write_atomic(path, text)
     write_atomic(markdown, "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join([*lines[:-1], fit_table(headers, cells)]))  # the terminal's copy fits its width
     wrote(path, markdown)
     mismatches = sum(r["mismatch"] for r in results)
     if mismatches:

@@ -28,6 +28,15 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._deprecated: dict[str, str] = {}  # an old option name -> the name it now goes by
+
+    def add_deprecated_alias(self, old: str, new: str) -> None:
+        """`old` still works as `new` (same value, same destination, so giving both is giving it twice), kept out of
+        --help and named deprecated on stderr whenever it is used."""
+        action = next(a for a in self._actions if new in a.option_strings)
+        typed: dict[str, Any] = {} if action.type is None else {"type": action.type}
+        self.add_argument(old, dest=action.dest, metavar=action.metavar, help=argparse.SUPPRESS, **typed)
+        self._deprecated[old] = new
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see --help)\n")
@@ -35,6 +44,7 @@ class Parser(argparse.ArgumentParser):
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         self._refuse_repeats(argv)
+        self._warn_deprecated(argv)
         parsed, rest = super().parse_known_args(argv, namespace)
         for action in self._actions:
             if isinstance(action, argparse._StoreAction) and action.option_strings:
@@ -63,6 +73,14 @@ class Parser(argparse.ArgumentParser):
             if action.dest in seen:
                 self.error(f"{seen[action.dest]} given twice ({name} again): give it once")
             seen[action.dest] = name
+
+    def _warn_deprecated(self, argv: list[str]) -> None:
+        for token in argv:
+            if token == "--":
+                break
+            new = self._deprecated.get(token.split("=", 1)[0])
+            if new is not None:
+                print(f"warning: {token.split('=', 1)[0]} is deprecated: use {new}", file=sys.stderr)
 
     def _subcommands(self) -> set[str]:
         return {

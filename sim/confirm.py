@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="cost profile measured on this machine and model by sim.measure (widths up to every arm's max_draft + 1)",
     )
     parser.add_argument(
-        "--policies", metavar="P1,P2,...", help="policy arms, each may carry settings: graded,gated:full_at=1.75"
+        "--compare",
+        metavar="P1,P2,...",
+        help="policy arms, each may carry settings: graded,gated:full_at=1.75 (--policies, its old name, still "
+        "works and is deprecated)",
     )
     parser.add_argument(
         "--config",
@@ -54,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="plain",
         metavar="ARM",
         help="the arm every other is paired against: plain (default) or an arm's label, e.g. gated for "
-        "--policies gated (a study's confirmation plan names it)",
+        "--compare gated (a study's confirmation plan names it)",
     )
     parser.add_argument(
         "--scripted",
@@ -75,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model; docs/vllm.md)",
     )
     add_model_args(parser)
+    parser.add_deprecated_alias("--policies", "--compare")
     return parser
 
 
@@ -104,7 +108,7 @@ def _confirm(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError(f"{path}: given twice as a trace (each trace is one set of rows)")
     from sim.hardware.arms import build_arms
 
-    arms = build_arms(args.policies, args.config)
+    arms = build_arms(args.compare, args.config)
     labels = [a.label for a in arms]
     if args.control not in labels:
         raise UserError(f"--control {args.control}: no such arm; the arms are {', '.join(labels)}")

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from sim.engine.timing import MAX_SEED, Jitter, speedup, tokens_per_second
 from sim.engine.trace import Trace, read_trace
 from sim.rows.config import PolicyConfig, make_config, parse_assignments, read_config_file, split_variant
 from sim.rows.headroom import headroom_share, row_oracle_ms, time_regret
+from sim.rows.labels import fit_labels
 from sim.rows.replay import (
     DEFAULT_RISK_MARGIN,
     MAX_REPLY_TOKENS,
@@ -46,27 +48,32 @@ from sim.rows.replay import (
 from sim.rows.rounds import Run, rounds_text, run_record
 
 DEFAULT_POLICY = "gated"
+HELP_WIDTH = 100
+LABEL_WIDTH = 24  # a policy column's label, at most
 MAX_RISK_MARGIN = 1000.0  # logits: margins between the two best are a few units, never thousands
 
 
 def _policy_help() -> str:
-    lines = ["policies and their parameters (set with --set key=value; defaults = mlxcel's shipped values):"]
+    """The epilog: every policy with the parameters --set takes and their defaults, one wrapped entry each (what
+    each parameter means is docs/governors.md's, not the help's)."""
+    lines = ["policies and their parameters, KEY=DEFAULT (--set KEY=VALUE; meanings: docs/governors.md, docs/vllm.md):"]
     for name in sorted(REGISTRY):
         params = describe(REGISTRY[name].Params)
-        notes = [] if REGISTRY[name].causal else ["NOT CAUSAL: knows the whole trace, a bound for replay only"]
-        notes += [] if params else ["no parameters"]
-        lines.append(f"  {name}" + (f" ({'; '.join(notes)})" if notes else ""))
-        lines += [f"      {key} = {default!r}: {text}" for key, default, text in params]
-    lines.append("  loop parameters (every policy):")
-    lines += [f"      {key} = {default!r}: {text}" for key, default, text in describe(LoopParams)]
-    lines.append(f"bundled profiles: {', '.join(bundled_profiles())}")
+        note = "" if REGISTRY[name].causal else " (NOT CAUSAL: knows the whole trace, a bound for replay only)"
+        keys = ", ".join(f"{key}={default!r}" for key, default, _ in params) or "no parameters"
+        lines += textwrap.wrap(f"{name}{note}: {keys}", HELP_WIDTH, initial_indent="  ", subsequent_indent="      ")
+    loop = ", ".join(f"{key}={default!r}" for key, default, _ in describe(LoopParams))
+    lines += textwrap.wrap(f"loop (every policy): {loop}", HELP_WIDTH, initial_indent="  ", subsequent_indent="      ")
+    lines += textwrap.wrap(
+        f"bundled profiles: {', '.join(bundled_profiles())}", HELP_WIDTH, subsequent_indent="  ", break_on_hyphens=False
+    )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.Parser(
         prog="python -m sim.replay",
-        description="Replay recorded decode traces under prompt-lookup governors and simulate their time "
+        description="Replay recorded decode traces under prompt-lookup governors and simulate their time\n"
         "against plain decoding on a measured cost profile.",
         epilog=_policy_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -92,10 +99,8 @@ def _add_configuration(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speculative-config",
         metavar="JSON|FILE",
-        help="with --engine vllm: vLLM's speculative_config as you pass it to vllm serve, e.g. "
-        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, '
-        '"prompt_lookup_max": 3}\', or a file holding it; methods ngram and suffix, and '
-        "num_speculative_tokens_per_batch_size (Dynamic SD)",
+        help="with --engine vllm: vLLM's speculative_config as given to vllm serve, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4}\', or a file holding it (docs/vllm.md)',
     )
     parser.add_argument(
         "--policy",
@@ -111,9 +116,8 @@ def _add_configuration(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="a policy configuration YAML ({policy, params}), e.g. a study's best.yaml, instead of --policy "
-        "or --compare (--set and the flags below still apply on top of it); rows are labelled by the study "
-        "and trial its notes name, else config:FILE, with every parameter in --json",
+        help="a policy YAML ({policy, params}), e.g. a study's best.yaml, instead of --policy or --compare; --set "
+        "and the loop flags apply on top (docs/replay.md)",
     )
     parser.add_argument(
         "--profile",
@@ -130,10 +134,14 @@ def _add_configuration(parser: argparse.ArgumentParser) -> None:
         help="set a policy or loop parameter, repeatable (see the list below)",
     )
     span = cli.int_in(1, MAX_SPAN)
-    parser.add_argument("--max-draft", type=span, help=f"most tokens one round may propose (1..{MAX_SPAN}; default 7)")
-    parser.add_argument("--ngram-min", type=span, help=f"shortest suffix the lookup matches (1..{MAX_SPAN}; default 2)")
     parser.add_argument(
-        "--ngram-max", type=span, help=f"longest suffix the lookup tries first (1..{MAX_SPAN}; default 3)"
+        "--max-draft", type=span, metavar="N", help=f"most tokens one round may propose (1..{MAX_SPAN}; default 7)"
+    )
+    parser.add_argument(
+        "--ngram-min", type=span, metavar="N", help=f"shortest suffix the lookup matches (1..{MAX_SPAN}; default 2)"
+    )
+    parser.add_argument(
+        "--ngram-max", type=span, metavar="N", help=f"longest suffix the lookup tries first (1..{MAX_SPAN}; default 3)"
     )
     parser.add_argument(
         "--drafter",
@@ -148,8 +156,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--as-stream",
         action="store_true",
-        help="replay the traces as one stream of requests, in the order given: a drafter with a cache across "
-        "requests (suffix) sees every earlier reply (docs/drafters.md, section 5)",
+        help="replay the traces as one stream, in order: a drafter with a cache across requests (suffix) sees "
+        "every earlier reply (docs/drafters.md)",
     )
     parser.add_argument(
         "--stream-order",
@@ -160,25 +168,28 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens",
         type=cli.integer,
+        metavar="N",
         help=f"stop generation earlier than the trace did (may only shorten it; 1..{MAX_REPLY_TOKENS})",
     )
     parser.add_argument(
         "--jitter",
         type=cli.float_in(0.0, 1.0),
+        metavar="SIGMA",
         default=0.0,
         help="relative noise on every device and host time (lognormal sigma in [0, 1], e.g. 0.05; default 0)",
     )
     parser.add_argument(
         "--seed",
         type=cli.int_in(0, MAX_SEED),
+        metavar="N",
         help=f"seed of the jitter generator, with --jitter (0..{MAX_SEED}; default 0)",
     )
     parser.add_argument(
         "--risk-margin",
         type=cli.float_in(0.0, MAX_RISK_MARGIN),
-        help="count drafted verifies that emitted a token whose top-1 minus top-2 logit margin is "
-        f"below this (0..{MAX_RISK_MARGIN:g}; traces with margins only, a note says when none has them; "
-        f"default {DEFAULT_RISK_MARGIN})",
+        metavar="M",
+        help="count drafted verifies that emitted a token whose top-1 minus top-2 logit margin is below this "
+        f"(0..{MAX_RISK_MARGIN:g}; default {DEFAULT_RISK_MARGIN}; traces with margins only)",
     )
 
 
@@ -191,10 +202,8 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
         "--rounds-out",
         type=cli.nonblank,
         metavar="FILE.jsonl",
-        help="also write every run round by round: per run a 'run' line (the --json row) followed "
-        "by one 'round' line per loop iteration (fields: docs/trace-format.md); plot with python -m sim.plot. "
-        "It may not be one of the command's inputs (a trace, profile or config file); an existing file is replaced "
-        "only with --force",
+        help="also write every run round by round (docs/trace-format.md; plot with python -m sim.plot); never one "
+        "of the inputs, an existing file replaced only with --force",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace a file already at --rounds-out (never one of the inputs)"
@@ -202,9 +211,8 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--oracle",
         action="store_true",
-        help="also replay the hindsight oracle (NOT CAUSAL: it knows the whole trace; docs/oracle.md) under each "
-        "row's loop parameters: --json rows carry oracle_time_ms, tables add each policy's share of the oracle's "
-        "headroom and its time regret (as they do when --compare lists oracle)",
+        help="also replay the hindsight oracle (NOT CAUSAL; docs/oracle.md): rows add oracle_time_ms, tables each "
+        "policy's share of its headroom",
     )
 
 
@@ -367,13 +375,14 @@ def _human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
 
 
 def _table(rows: list[ReplayRow], labels: list[str], profile: str, best: dict[OracleKey, float] | None = None) -> str:
-    width = max(12, *(len(label) + 2 for label in labels))
+    shown, notes = fit_labels(labels, LABEL_WIDTH)  # a label past the width: shared settings said once, a legend
+    width = max(12, *(len(label) + 2 for label in shown))
     name_width = max(10, *(len(r.trace.name) for r in rows))
     out = [
         f"Simulated speedup over plain decoding on {profile} (>1.00x = faster than plain; counters per policy "
         "with --json)"
     ]
-    out.append(f"{'trace':<{name_width}} {'tokens':>6} " + "".join(f"{label:>{width}}" for label in labels))
+    out.append(f"{'trace':<{name_width}} {'tokens':>6} " + "".join(f"{label:>{width}}" for label in shown))
     by_trace: dict[str, dict[str, ReplayRow]] = {}
     for r in rows:
         by_trace.setdefault(r.trace.path, {})[r.label] = r
@@ -387,10 +396,11 @@ def _table(rows: list[ReplayRow], labels: list[str], profile: str, best: dict[Or
     out.append(f"{'geomean':<{name_width}} {'':>6} " + "".join(f"{m:>{width - 1}.3f}x" for m in means))
     out.append(f"{'worst row':<{name_width}} {'':>6} " + "".join(f"{w:>{width - 1}.3f}x" for w in worst))
     if best is not None:
-        out += _headroom_lines([[cells[label] for cells in by_trace.values()] for label in labels], best, name_width)
+        columns = [[cells[label] for cells in by_trace.values()] for label in labels]
+        out += _headroom_lines(columns, best, name_width, width)
         if any(not _causal(r.config) for r in rows):
             out[1] = out[1].replace(" oracle", "oracle*", 1)  # the column of the bound, marked for the footnote
-    return "\n".join(out)
+    return "\n".join(out + notes)
 
 
 # The oracle a row is measured against: same trace, profile and loop parameters.
@@ -432,9 +442,10 @@ def _share(share: float) -> str:
     return "n/a" if math.isnan(share) else f"{share:.1%}"  # nan: the oracle gains nothing, so there is no headroom
 
 
-def _headroom_lines(columns: list[list[ReplayRow]], best: dict[OracleKey, float], name_width: int) -> list[str]:
+def _headroom_lines(
+    columns: list[list[ReplayRow]], best: dict[OracleKey, float], name_width: int, width: int
+) -> list[str]:
     """Per policy: the share of the oracle's headroom it captures and its time regret (docs/oracle.md)."""
-    width = max(12, *(len(column[0].label) + 2 for column in columns))
     shares, regrets = [], []
     for column in columns:
         oracle = [best[_oracle_key(r)] for r in column]

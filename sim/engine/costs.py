@@ -27,10 +27,11 @@ from typing import Any
 from sim.core.errors import ProfileError
 from sim.core.io import load_yaml
 from sim.core.params import KeyLines
+from sim.engine.profile_catalogues import REPLAY, bundled_path, names
 from sim.engine.profile_checks import Invalid, Milliseconds, finite, whole
 from sim.engine.trace import one_line
 
-BUNDLED = Path(__file__).resolve().parents[2] / "traces" / "profiles"
+BUNDLED = REPLAY.folder
 DEFAULT_PROFILE = "gb10-qwen3-8b-4bit"
 EXTENDS = ("error", "flat")
 KEYS = {
@@ -244,7 +245,7 @@ Profile = CostProfile | ContextProfile
 
 
 def bundled_profiles() -> list[str]:
-    return sorted(p.stem for p in BUNDLED.glob("*.yaml"))
+    return names(REPLAY)
 
 
 def profiles_pricing(width: int) -> str:
@@ -264,13 +265,7 @@ def resolve(name_or_path: str) -> Path:
         if not os.path.lexists(path):
             raise ProfileError(f"{name_or_path}: no such profile file")
         return path  # a folder, pipe or device is refused when read, before it is opened
-    bundled = BUNDLED / f"{name_or_path}.yaml"
-    if not bundled.is_file():
-        raise ProfileError(
-            f"unknown profile {name_or_path!r}; bundled: {', '.join(bundled_profiles())} "
-            "(or give a path to a YAML file)"
-        )
-    return bundled
+    return bundled_path(name_or_path, REPLAY)
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -145,7 +145,9 @@ def _trial_series(study: Any, baseline: int | None) -> tuple[Series, str]:
         base = next((t for t in complete_trials(study) if t.number == baseline), None)
         base_rows = trial_rows(base) if base is not None else None
         if base_rows:
-            series.insert(0, (f"trial #{baseline}", base_rows))
+            # sim.tune enqueues the spec's baseline as a trial marked so: name it for what it is, not its number.
+            name = "baseline" if base is not None and base.user_attrs.get("baseline") else f"trial #{baseline}"
+            series.insert(0, (name, base_rows))
     return series, ""
 
 

@@ -28,14 +28,14 @@ class Arm:
 
 
 def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
-    """Plain decoding, each `--policies` variant (labelled by its settings, as typed) and each `--config` file
+    """Plain decoding, each `--compare` variant (labelled by its settings, as typed) and each `--config` file
     (labelled `STUDY trial N` when its notes say which trial produced it, else `config:FILE`: a tuned file's
     parameter string runs to hundreds of characters, too wide for a table)."""
     arms = [Arm(PLAIN, None)]
     for variant in policies.split(",") if policies else []:
         name, own = split_variant(variant)
         config = make_config(name, own)
-        _require_causal(config, f"--policies {variant}")
+        _require_causal(config, f"--compare {variant}")
         arms.append(Arm(config.label(), config))
     files = []
     for path in configs:
@@ -50,7 +50,7 @@ def build_arms(policies: str | None, configs: Sequence[str]) -> list[Arm]:
     if len(set(labels)) < len(labels):
         raise ConfigError(f"two arms share a label: {', '.join(labels)}")
     if len(arms) < 2:
-        raise ConfigError("no arm besides plain: give --policies and/or --config")
+        raise ConfigError("no arm besides plain: give --compare and/or --config")
     return arms
 
 

@@ -284,10 +284,12 @@ def run_serving(
     progress: Callable[[float], None] | None = None,
     max_tokens: int | None = None,
     mlxcel_lookup: bool = False,
+    max_concurrency: int | None = None,
 ) -> tuple[ServingRow, ServingResult]:
     """Serve `arrivals` under one policy: the row and the model's result. The drafter is vLLM's (`drafter`: its
     n-gram or suffix keys), or with `mlxcel_lookup` mlxcel's prompt lookup over `drafter`'s n-gram bounds (the
-    most recent occurrence of the longest match, where vLLM takes the earliest)."""
+    most recent occurrence of the longest match, where vLLM takes the earliest). `max_concurrency` caps the
+    requests in flight at the client, as `vllm bench serve --max-concurrency` does."""
     policy = make_speculation(variant.name, variant.values)
     if mlxcel_lookup:
         low, high = drafter.lookup_bounds
@@ -303,7 +305,7 @@ def run_serving(
         max_tokens=max_tokens,
     )
     run = DRIVERS[driver]
-    result = run(engine, arrivals, progress)
+    result = run(engine, arrivals, progress, max_concurrency)
     drafter_keys = drafter_settings(drafter)
     if mlxcel_lookup:
         drafter_keys["method"] = LOOKUP
@@ -312,13 +314,25 @@ def run_serving(
         label=variant.label,
         policy=variant.name,
         params={**policy.settings(), **{"engine": policy.engine_settings(drafter_keys)}},
-        load={**load, "max_tokens": max_tokens, "arrivals_sha256": arrivals_digest(arrivals)},
+        load=_load_record(load, max_tokens, max_concurrency, arrivals),
         profile=profile_meta,
         scheduler=dataclasses.asdict(scheduler),
         drafter=drafter_keys,
         slo=slo,
     )
     return row, result
+
+
+def _load_record(
+    load: dict[str, Any], max_tokens: int | None, max_concurrency: int | None, arrivals: Sequence[Arrival]
+) -> dict[str, Any]:
+    """The row's load: how the arrivals were made, the client's caps and the arrivals' digest. The concurrency cap
+    appears only when set, so a row without one keeps its bytes."""
+    record = {**load, "max_tokens": max_tokens}
+    if max_concurrency is not None:
+        record["max_concurrency"] = max_concurrency
+    record["arrivals_sha256"] = arrivals_digest(arrivals)
+    return record
 
 
 def drafter_settings(drafter: VllmParams) -> dict[str, Any]:

@@ -241,7 +241,7 @@ def plan(
         "Command, with the profile sim.measure wrote for the machine and model you confirm on, and --reps from "
         "the table for what you want to resolve:",
         "",
-        f"    python -m sim.confirm {listed} --profile PROFILE.yaml --policies {control} --config {best_yaml} "
+        f"    python -m sim.confirm {listed} --profile PROFILE.yaml --compare {control} --config {best_yaml} "
         f"--control {control} --reps N{engine} --out results/confirm-{spec.name}",
         "",
         "sim.confirm reports each row's paired ratio candidate/control with its 95% interval and whether the "

@@ -67,7 +67,7 @@ EMPTY_PATHS = [
     ("sim.ingest", ["git", ".", "--out", ""]),
     ("sim.measure", ["--arch", "tiny", "--out", ""]),
     ("sim.record", ["traces/email.jsonl", "--out", ""]),
-    ("sim.confirm", ["traces/email.jsonl", "--policies", "gated", "--out", ""]),
+    ("sim.confirm", ["traces/email.jsonl", "--compare", "gated", "--out", ""]),
 ]
 
 
@@ -94,7 +94,7 @@ STRICT = [
     ("sim.ingest", ["git", ".", "--out", "a", "--out=b"], "--out given twice"),
     ("sim.measure", ["--arch", "tiny", "--arch", "mid", "--out", "p.yaml"], "--arch given twice"),
     ("sim.record", ["traces/email.jsonl", "--out", "a", "--out", "b"], "--out given twice"),
-    ("sim.confirm", ["traces/email.jsonl", "--policies", "gated", "--policies", "graded"], "--policies given twice"),
+    ("sim.confirm", ["traces/email.jsonl", "--compare", "gated", "--compare", "graded"], "--compare given twice"),
 ]
 
 

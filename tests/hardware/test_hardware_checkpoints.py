@@ -261,7 +261,7 @@ def test_measure_and_confirm_refuse_a_broken_checkpoint_alike(ckpt, tmp_path, ca
         profile = tmp_path / "p.yaml"
         profile.write_text(json.dumps({"name": "p", "pipelined_ms": 10.0, "sync_ms": [11.0 + w for w in range(8)]}))
         trace = str(ROOT / "traces" / "email.jsonl")
-        main, argv = confirm.main, [trace, "--profile", str(profile), "--policies", "gated", "--out", "out", *model]
+        main, argv = confirm.main, [trace, "--profile", str(profile), "--compare", "gated", "--out", "out", *model]
     before = snapshot(tmp_path)
     outcome = run_main(main, argv, capsys)
     assert_refused(outcome, f"{ckpt}/model.safetensors: not a safetensors weights file")

@@ -362,54 +362,54 @@ def m_bad_name(t: Path) -> Built:
 def c_result_exists(t: Path) -> Built:
     (t / "out").mkdir()
     path = text(t / "out", "confirm.json", "{}\n")
-    argv = _confirm(t, [trace(t)], "--policies", "gated")
+    argv = _confirm(t, [trace(t)], "--compare", "gated")
     return confirm.main, argv, [f"--out {path} already exists; give --force to replace it"]
 
 
 def c_report_is_folder(t: Path) -> Built:
     (t / "out" / "confirm.md").mkdir(parents=True)
     text(t / "out", "confirm.json", "{}\n")  # with --force it could be replaced, but confirm.md never
-    argv = _confirm(t, [trace(t)], "--policies", "gated", "--force")
+    argv = _confirm(t, [trace(t)], "--compare", "gated", "--force")
     return confirm.main, argv, [f"--out {t / 'out' / 'confirm.md'} is a folder"]
 
 
 def c_missing_trace(t: Path) -> Built:
-    return confirm.main, _confirm(t, [str(t / "nope.jsonl")], "--policies", "gated"), [f"{t / 'nope.jsonl'}: no such"]
+    return confirm.main, _confirm(t, [str(t / "nope.jsonl")], "--compare", "gated"), [f"{t / 'nope.jsonl'}: no such"]
 
 
 def c_bad_trace_line(t: Path) -> Built:
     path = text(t, "t.jsonl", jsonl(header(), {"type": "token", "id": 5}, {"type": "token", "id": -1}))
-    return confirm.main, _confirm(t, [path], "--policies", "gated"), [f"{path}:3: token line needs 'id'"]
+    return confirm.main, _confirm(t, [path], "--compare", "gated"), [f"{path}:3: token line needs 'id'"]
 
 
 def c_fifo_trace(t: Path) -> Built:
     path = fifo(t, "pipe.jsonl")
-    return confirm.main, _confirm(t, [path], "--policies", "gated"), [f"{path}: not a regular file"]
+    return confirm.main, _confirm(t, [path], "--compare", "gated"), [f"{path}: not a regular file"]
 
 
 def c_twice(t: Path) -> Built:
     path = trace(t)
-    return confirm.main, _confirm(t, [path, path], "--policies", "gated"), [f"{path}: given twice as a trace"]
+    return confirm.main, _confirm(t, [path, path], "--compare", "gated"), [f"{path}: given twice as a trace"]
 
 
 def c_missing_profile(t: Path) -> Built:
-    argv = _confirm(t, [trace(t)], "--policies", "gated", profile=str(t / "nope.yaml"))
+    argv = _confirm(t, [trace(t)], "--compare", "gated", profile=str(t / "nope.yaml"))
     return confirm.main, argv, [f"{t / 'nope.yaml'}: no such profile file"]
 
 
 def c_profile_duplicate_key(t: Path) -> Built:
     path = text(t, "dup.yaml", "name: p\npipelined_ms: 10\nsync_ms: [11, 12]\npipelined_ms: 9\n")
-    return confirm.main, _confirm(t, [trace(t)], "--policies", "gated", profile=path), [f"{path}:4: duplicate key"]
+    return confirm.main, _confirm(t, [trace(t)], "--compare", "gated", profile=path), [f"{path}:4: duplicate key"]
 
 
 def c_profile_without_sync(t: Path) -> Built:
     path = text(t, "nosync.yaml", "name: p\npipelined_ms: 10\n")
-    return confirm.main, _confirm(t, [trace(t)], "--policies", "gated", profile=path), [str(path), "missing 'sync_ms'"]
+    return confirm.main, _confirm(t, [trace(t)], "--compare", "gated", profile=path), [str(path), "missing 'sync_ms'"]
 
 
 def c_profile_nan(t: Path) -> Built:
     path = text(t, "nan.yaml", "name: p\npipelined_ms: .nan\nsync_ms: [11, 12]\n")
-    return confirm.main, _confirm(t, [trace(t)], "--policies", "gated", profile=path), [str(path), "pipelined_ms"]
+    return confirm.main, _confirm(t, [trace(t)], "--compare", "gated", profile=path), [str(path), "pipelined_ms"]
 
 
 def c_profile_too_narrow(t: Path) -> Built:
@@ -421,7 +421,7 @@ def c_profile_too_narrow(t: Path) -> Built:
 
 def c_policy_too_wide(t: Path) -> Built:
     path = profile8(t)
-    argv = _confirm(t, [trace(t)], "--policies", "gated:max_draft=12", profile=path)
+    argv = _confirm(t, [trace(t)], "--compare", "gated:max_draft=12", profile=path)
     return confirm.main, argv, [f"{path}: profile p8", "needs width 13", "--max-width 13"]
 
 
@@ -437,13 +437,13 @@ def c_config_fifo(t: Path) -> Built:
 
 def c_out_onto_trace(t: Path) -> Built:
     path = trace(t / "out", "confirm.json")
-    argv = _confirm(t, [path], "--policies", "gated")
+    argv = _confirm(t, [path], "--compare", "gated")
     return confirm.main, argv, [f"--out would overwrite {path}, one of this command's inputs"]
 
 
 def c_out_onto_profile(t: Path) -> Built:
     path = profile8(t / "out", "confirm.md")
-    argv = _confirm(t, [trace(t)], "--policies", "gated", profile=path)
+    argv = _confirm(t, [trace(t)], "--compare", "gated", profile=path)
     return confirm.main, argv, [f"--out would overwrite {path}"]
 
 
@@ -455,29 +455,29 @@ def c_out_onto_config(t: Path) -> Built:
 
 def c_out_is_file(t: Path) -> Built:
     out = text(t, "out", "x\n")
-    return confirm.main, _confirm(t, [trace(t)], "--policies", "gated", out=out), [f"--out {out} is a file"]
+    return confirm.main, _confirm(t, [trace(t)], "--compare", "gated", out=out), [f"--out {out} is a file"]
 
 
 def c_out_cannot_be_written(t: Path) -> Built:
-    argv = _confirm(t, [trace(t)], "--policies", "gated", out="/proc/draftlab-confirm")
+    argv = _confirm(t, [trace(t)], "--compare", "gated", out="/proc/draftlab-confirm")
     return confirm.main, argv, ["--out /proc/draftlab-confirm/confirm.json: no file can be written in /proc"]
 
 
 def c_out_under_a_file(t: Path) -> Built:
     parent = text(t, "notadir", "x\n")
-    argv = _confirm(t, [trace(t)], "--policies", "gated", out=f"{parent}/sub")
+    argv = _confirm(t, [trace(t)], "--compare", "gated", out=f"{parent}/sub")
     return confirm.main, argv, [f"{parent} is a file, not a folder"]
 
 
 def c_max_tokens_longer(t: Path) -> Built:
     path = trace(t)
-    argv = _confirm(t, [path], "--policies", "gated", "--max-tokens", "9999")
+    argv = _confirm(t, [path], "--compare", "gated", "--max-tokens", "9999")
     return confirm.main, argv, [f"--max-tokens may only shorten a trace: {path} ran with max_tokens=3"]
 
 
 def _confirm_flag(*flags: str, fragment: str) -> Callable[[Path], Built]:
     def build(t: Path) -> Built:
-        arms = [] if "--policies" in flags else ["--policies", "gated"]
+        arms = [] if "--compare" in flags else ["--compare", "gated"]
         return confirm.main, _confirm(t, [trace(t)], *arms, *flags), [fragment]
 
     return build
@@ -485,29 +485,29 @@ def _confirm_flag(*flags: str, fragment: str) -> Callable[[Path], Built]:
 
 def c_scripted_id_outside_vocab(t: Path) -> Built:
     path = trace(t, tokens=(11, 60000, 12))
-    argv = _confirm(t, [path], "--policies", "gated", "--scripted")
+    argv = _confirm(t, [path], "--compare", "gated", "--scripted")
     return confirm.main, argv, [f"{path}:3: token id 60000 is outside the vocabulary of tiny (50304 ids"]
 
 
 def c_scripted_id_past_int64(t: Path) -> Built:
     path = trace(t, tokens=(11, 12, BIG_ID))
-    argv = _confirm(t, [path], "--policies", "gated", "--scripted")
+    argv = _confirm(t, [path], "--compare", "gated", "--scripted")
     return confirm.main, argv, [f"{path}:4: ", "token id"]
 
 
 def c_prompt_id_outside_vocab(t: Path) -> Built:
     path = trace(t, prompt_tokens=[1, 2, 99999])
-    return confirm.main, _confirm(t, [path], "--policies", "gated"), [f"{path}:1: prompt token 2 is id 99999"]
+    return confirm.main, _confirm(t, [path], "--compare", "gated"), [f"{path}:1: prompt token 2 is id 99999"]
 
 
 def c_empty_prompt(t: Path) -> Built:
     path = trace(t, prompt_tokens=[])
-    return confirm.main, _confirm(t, [path], "--policies", "gated"), [f"{path}:1: empty prompt"]
+    return confirm.main, _confirm(t, [path], "--compare", "gated"), [f"{path}:1: empty prompt"]
 
 
 def c_too_long_for_positions(t: Path) -> Built:
     path = trace(t, prompt_tokens=[7] * 4090, tokens=range(10, 20))
-    argv = _confirm(t, [path], "--policies", "gated", "--scripted")
+    argv = _confirm(t, [path], "--compare", "gated", "--scripted")
     return confirm.main, argv, [f"{path}: a prompt of 4090 tokens and up to 10 generated need 4100", "--max-tokens"]
 
 
@@ -647,7 +647,7 @@ CASES: list = [
         _confirm_flag("--max-tokens", str(10**12), fragment="--max-tokens must be <="), id="c_max_tokens_huge"
     ),
     pytest.param(_confirm_flag("--threads", "0", fragment="--threads must be >= 1"), id="c_threads_0"),
-    pytest.param(_confirm_flag("--policies", "gatd", fragment="unknown policy 'gatd'"), id="c_unknown_policy"),
+    pytest.param(_confirm_flag("--compare", "gatd", fragment="unknown policy 'gatd'"), id="c_unknown_policy"),
     pytest.param(c_scripted_id_outside_vocab, marks=TORCH),
     pytest.param(c_scripted_id_past_int64, marks=TORCH),
     pytest.param(c_prompt_id_outside_vocab, marks=TORCH),
@@ -722,7 +722,7 @@ def _valid_argv(tmp_path: Path) -> dict[str, list[str]]:
     return {
         "sim.record": [prompt, "--out", str(tmp_path / "rec"), *MODEL],
         "sim.measure": ["--out", str(tmp_path / "p.yaml"), *MODEL],
-        "sim.confirm": [str(EMAIL), "--profile", "gb10-qwen3-8b-4bit", "--policies", "gated", "--out", "x", *MODEL],
+        "sim.confirm": [str(EMAIL), "--profile", "gb10-qwen3-8b-4bit", "--compare", "gated", "--out", "x", *MODEL],
     }
 
 
@@ -801,7 +801,7 @@ def test_a_read_only_out_is_refused_before_the_model_loads(command, tmp_path, ca
         argv = {
             "sim.record": _record(tmp_path, [trace(tmp_path / "in")]),
             "sim.measure": _measure(tmp_path, out=str(locked / "p.yaml")),
-            "sim.confirm": _confirm(tmp_path, [trace(tmp_path / "in")], "--policies", "gated", out=str(locked)),
+            "sim.confirm": _confirm(tmp_path, [trace(tmp_path / "in")], "--compare", "gated", out=str(locked)),
         }[command]
         if command == "sim.record":
             argv[argv.index("--out") + 1] = str(locked)

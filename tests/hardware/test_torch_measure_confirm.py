@@ -279,7 +279,7 @@ def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
             "--scripted",
             "--profile",
             str(profile),
-            "--policies",
+            "--compare",
             "graded,gated",
             "--reps",
             "1",
@@ -306,7 +306,7 @@ def test_scripted_confirm_writes_table_and_json(profile, tmp_path, capsys):
     assert "| trace | tokens | arm | tok/s | x measured | x per rep | x predicted | error (pts) |" in table
     assert table.count("| edit_json | 60 |") == 3
     # The same command again would replace this result: refused before any run, unless --force.
-    argv = [str(trace), "--scripted", "--profile", str(profile), "--policies", "gated", "--reps", "1"]
+    argv = [str(trace), "--scripted", "--profile", str(profile), "--compare", "gated", "--reps", "1"]
     argv += ["--max-tokens", "20", "--out", str(out), *MODEL]
     capsys.readouterr()
     assert confirm.main(argv) == 2 and "already exists; give --force" in capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_confirm_with_model_tokens_checks_parity_with_the_recorded_trace(profile
             str(tmp_path / "rec" / "repeats.jsonl"),
             "--profile",
             str(profile),
-            "--policies",
+            "--compare",
             "fixed,gated:full_at=1.75",
             "--reps",
             "2",
@@ -381,7 +381,7 @@ def test_confirm_reports_where_the_model_left_the_trace_and_the_margin_there(pro
     changed = tmp_path / "changed.jsonl"
     write_trace(changed, {**recorded.header, "name": "changed"}, tokens, margins)
     out = tmp_path / "confirm"
-    argv = [str(changed), "--profile", str(profile), "--policies", "fixed", "--reps", "2", "--out", str(out), *MODEL]
+    argv = [str(changed), "--profile", str(profile), "--compare", "fixed", "--reps", "2", "--out", str(out), *MODEL]
     assert confirm.main(argv) == 0, capsys.readouterr().err
     result = json.loads((out / "confirm.json").read_text())
     rows = result["rows"]
@@ -415,9 +415,9 @@ def test_divergence_names_the_first_differing_token_or_the_shorter_end():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--policies", "gatd"], "unknown policy 'gatd'"),
-        (["--policies", "gated", "--reps", "0"], "--reps must be >= 1"),
-        (["--policies", "gated", "--max-tokens", "9999"], "--max-tokens may only shorten a trace"),
+        (["--compare", "gatd"], "unknown policy 'gatd'"),
+        (["--compare", "gated", "--reps", "0"], "--reps must be >= 1"),
+        (["--compare", "gated", "--max-tokens", "9999"], "--max-tokens may only shorten a trace"),
         ([], "no arm besides plain"),
     ],
 )
@@ -449,7 +449,7 @@ def test_record_measure_confirm_with_the_committed_best_configuration(profile, t
     best = ROOT / "studies" / "gated_gb10" / "best.yaml"
     out = tmp_path / "confirm"
     argv = [str(tmp_path / "rec" / "repeats.jsonl"), str(ROOT / "traces" / "email.jsonl"), "--scripted"]
-    argv += ["--profile", str(profile), "--policies", "graded,gated", "--config", str(best), "--reps", "1"]
+    argv += ["--profile", str(profile), "--compare", "graded,gated", "--config", str(best), "--reps", "1"]
     argv += ["--max-tokens", "30", "--out", str(out), *MODEL]
     capsys.readouterr()
     assert confirm.main(argv) == 0, capsys.readouterr().err
@@ -553,7 +553,7 @@ def test_confirm_runs_governors_that_read_the_profile_on_a_real_model(tmp_path, 
     )
     out = tmp_path / "confirm"
     argv = [str(ROOT / "traces" / "email.jsonl"), "--scripted", "--profile", str(cheap)]
-    argv += ["--policies", "gated,goodput,hedge", "--control", "gated", "--reps", "1", "--max-tokens", "40"]
+    argv += ["--compare", "gated,goodput,hedge", "--control", "gated", "--reps", "1", "--max-tokens", "40"]
     assert confirm.main([*argv, "--out", str(out), *MODEL]) == 0, capsys.readouterr().err
     rows = {r["arm"]: r for r in json.loads((out / "confirm.json").read_text())["rows"]}
     for arm in ("goodput", "hedge"):
@@ -581,7 +581,7 @@ def test_one_repetition_writes_null_intervals_that_the_strict_reader_accepts(pro
     each paired ratio (never Infinity, which load_json refuses), the verdict is unresolved, and confirm.md says
     why there is no interval."""
     out = tmp_path / "confirm"
-    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--policies", "gated"]
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--compare", "gated"]
     assert confirm.main([*argv, "--reps", "1", "--max-tokens", "20", "--out", str(out), *MODEL]) == 0
     result = _strict(out / "confirm.json")
     entries = _paired_entries(result)
@@ -599,7 +599,7 @@ def test_two_repetitions_write_finite_intervals(profile, clock, tmp_path):
     """With --reps 2 every paired ratio has its interval (on the scripted clock both repetitions take the same
     time, so the interval is the ratio itself) and no `why`."""
     out = tmp_path / "confirm"
-    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--policies", "gated"]
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--compare", "gated"]
     assert confirm.main([*argv, "--reps", "2", "--max-tokens", "20", "--out", str(out), *MODEL]) == 0
     result = _strict(out / "confirm.json")
     for entry in _paired_entries(result):
@@ -664,7 +664,7 @@ def test_eos_as_the_first_token_is_one_error_line(tmp_path, monkeypatch, capsys)
     cheap = tmp_path / "cheap.yaml"
     cheap.write_text(yaml.safe_dump({"name": "cheap", "pipelined_ms": 10.0, "sync_ms": [11.0 + w for w in range(16)]}))
     out = tmp_path / "out"
-    argv = [str(trace), "--profile", str(cheap), "--policies", "gated", "--reps", "1", "--out", str(out)]
+    argv = [str(trace), "--profile", str(cheap), "--compare", "gated", "--reps", "1", "--out", str(out)]
     capsys.readouterr()
     monkeypatch.setenv("TQDM_DISABLE", "1")  # stderr: the error line alone
     assert confirm.main([*argv, "--model", str(checkpoint), "--device", "cpu"]) == 2
@@ -709,7 +709,7 @@ def test_a_full_disk_leaves_neither_confirm_file(profile, tmp_path, monkeypatch,
     """sim.confirm writes confirm.json and confirm.md as one: the second failing leaves neither (an earlier result
     stays as it was), and the line names the file that failed."""
     out = tmp_path / "confirm"
-    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--policies", "gated"]
+    argv = [str(ROOT / "traces" / "edit_json.jsonl"), "--scripted", "--profile", str(profile), "--compare", "gated"]
     argv += ["--reps", "1", "--max-tokens", "10", "--out", str(out), *MODEL]
     _full_disk(monkeypatch, after=1)
     capsys.readouterr()

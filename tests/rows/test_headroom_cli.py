@@ -110,7 +110,7 @@ def test_confirm_refuses_the_oracle_as_an_arm(tmp_path, capsys):
     best = tmp_path / "oracle.yaml"
     best.write_text("policy: oracle\n")
     common = [TRACES[1], "--profile", PROFILE, "--out", str(tmp_path / "out"), "--arch", "tiny", "--device", "cpu"]
-    for flags, where in ((["--policies", "gated,oracle"], "--policies oracle"), (["--config", str(best)], str(best))):
+    for flags, where in ((["--compare", "gated,oracle"], "--compare oracle"), (["--config", str(best)], str(best))):
         done = run_main(confirm.main, [*common, *flags], capsys)
         assert_refused(done, where, "not causal")
         assert not (tmp_path / "out").exists()

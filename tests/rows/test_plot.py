@@ -398,3 +398,21 @@ def test_a_rounds_file_cut_at_a_line_boundary_is_refused_naming_its_run_line(rou
     assert f" says {missing}: " in done.stderr and f"(to line {len(kept)}) add up to " in done.stderr
     assert "cut short" in done.stderr
     assert not (tmp_path / "figs").exists()
+
+
+def test_rows_figure_labels_the_enqueued_baseline_baseline(tmp_path):
+    """The trial sim.tune enqueues for the spec's baseline (user attribute baseline) is labelled `baseline` in the
+    rows figure's legend, not by its number; another trial compared against keeps `trial #N`."""
+    study = optuna.create_study(study_name="base", storage=f"sqlite:///{tmp_path / 'b.db'}", direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for value, attrs in ((1.0, {"baseline": True}), (1.5, {})):
+        rows = [{"trace": "t", "profile": "p", "speedup": value}]
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"x": value / 2}, distributions=dist, value=value, user_attrs={"rows": rows, **attrs}
+            )
+        )
+    fig, why = rows_figure(study, baseline=0)
+    legend = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert why == "" and "baseline" in legend and "trial #0" not in legend
+    assert any(text.endswith("trial #1") for text in legend)

@@ -386,7 +386,7 @@ def test_command_prints_a_table_per_rate(capsys):
     argv = [str(CORPUS), "--sweep-rates", "1,8", "--duration", "30", "--profile", "h100-llama-3-8b"]
     assert serve_main([*argv, "--compare", "none,static:k=3", "--slo-tpot-ms", "50"]) == 0
     out = capsys.readouterr().out
-    assert out.count("policy ") == 2 and "rate 1.0 req/s" in out and "rate 8.0 req/s" in out
+    assert out.count("Median TTFT") == 2 and "rate 1.0 req/s over 30.0 s" in out and "rate 8.0 req/s over" in out
     assert "static:k=3" in out
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
@@ -13,7 +14,7 @@ import simpy
 from sim.core.errors import ConfigError
 from sim.engine.serving.engine import Engine
 from sim.engine.serving.metrics import ServingResult
-from sim.engine.serving.requests import Arrival
+from sim.engine.serving.requests import Arrival, Live
 
 
 def _ordered(arrivals: Sequence[Arrival]) -> list[Arrival]:
@@ -23,19 +24,65 @@ def _ordered(arrivals: Sequence[Arrival]) -> list[Arrival]:
     return sorted(arrivals, key=lambda a: a.time_s)  # stable: equal times keep their order
 
 
+class Client:
+    """`vllm bench serve`'s client: each request is sent at its arrival time, unless `max_concurrency` requests are
+    in flight (sent, last token not yet back); then it waits for the first slot to free and is sent then. Its TTFT
+    and end-to-end latency count from the send, as the benchmark starts its clock once the request holds a slot.
+    Without a cap every request is sent at its own arrival time, unchanged."""
+
+    def __init__(self, arrivals: Sequence[Arrival], max_concurrency: int | None = None) -> None:
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.queue = deque(_ordered(arrivals))
+        self.cap = max_concurrency
+        self.free_ms: list[float] = [0.0] * (max_concurrency or 0)  # a heap: when each free slot became free
+        self.in_flight: list[Live] = []
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.queue)
+
+    def next_ms(self) -> float:
+        """When the next request is sent, once the engine is idle (then every slot is free)."""
+        return self.queue[0].time_s * 1000.0
+
+    def send_due(self, engine: Engine, now_ms: float) -> None:
+        """Send every request due by `now_ms` (a step boundary) that has a slot."""
+        if self.cap is None:
+            while self.queue and self.queue[0].time_s * 1000.0 <= now_ms:
+                engine.arrive(self.queue.popleft(), now_ms)
+            return
+        self._reclaim()
+        while self.queue and self.queue[0].time_s * 1000.0 <= now_ms and self.free_ms:
+            arrival = self.queue.popleft()
+            sent_ms = max(arrival.time_s * 1000.0, heapq.heappop(self.free_ms))
+            self.in_flight.append(engine.arrive(arrival, now_ms, sent_ms))
+
+    def _reclaim(self) -> None:
+        """Free the slot of every request whose last token is back (at its finish time)."""
+        done = [live for live in self.in_flight if not math.isnan(live.finish_ms)]
+        for live in done:
+            heapq.heappush(self.free_ms, live.finish_ms)
+        self.in_flight = [live for live in self.in_flight if math.isnan(live.finish_ms)]
+
+
 def simulate(
-    engine: Engine, arrivals: Sequence[Arrival], progress: Callable[[float], None] | None = None
+    engine: Engine,
+    arrivals: Sequence[Arrival],
+    progress: Callable[[float], None] | None = None,
+    max_concurrency: int | None = None,
 ) -> ServingResult:
     """The simpy model: an arrival process releases requests at their times; the engine process forms a step,
     holds for its duration and applies it, and waits for the arrival process when nothing can run.
 
     The engine keeps its clock with the float operations `recurrence` does (start + device, then + host; an idle
     engine resumes at the next arrival's time) and moves simpy's clock to it, so both drivers see the same queue at
-    every step and give the same bytes; simpy's own `now + (t - now)` may differ from t in the last bit."""
-    ordered = _ordered(arrivals)
+    every step and give the same bytes; simpy's own `now + (t - now)` may differ from t in the last bit.
+    `max_concurrency` caps the requests in flight at the client (`Client`)."""
+    client = Client(arrivals, max_concurrency)
+    ordered = list(client.queue)
     env = simpy.Environment()
     released: simpy.Store = simpy.Store(env)
-    pending = deque(ordered)
 
     def source() -> Generator[simpy.Event, Any, None]:
         for arrival in ordered:
@@ -46,15 +93,14 @@ def simulate(
 
     def server() -> Generator[simpy.Event, Any, None]:
         now = 0.0
-        while pending or not engine.idle:
-            while pending and pending[0].time_s * 1000.0 <= now:
-                engine.arrive(pending.popleft(), now)
+        while client.pending or not engine.idle:
+            client.send_due(engine, now)
             step = engine.schedule()
             if step is None and not engine.idle:
                 continue  # every running request was preempted: the next schedule admits from the queue
             if step is None:
                 yield released.get()  # idle until the source releases a request
-                now = max(now, pending[0].time_s * 1000.0)
+                now = max(now, client.next_ms())
             else:
                 device, host = engine.costs.step_parts(step)
                 now = engine.complete(step, now, device, host)
@@ -70,18 +116,20 @@ def simulate(
 
 
 def recurrence(
-    engine: Engine, arrivals: Sequence[Arrival], progress: Callable[[float], None] | None = None
+    engine: Engine,
+    arrivals: Sequence[Arrival],
+    progress: Callable[[float], None] | None = None,
+    max_concurrency: int | None = None,
 ) -> ServingResult:
     """The same model as `simulate`, as a plain loop over steps."""
-    ordered = deque(_ordered(arrivals))
+    client = Client(arrivals, max_concurrency)
     now = 0.0
-    while ordered or not engine.idle:
-        while ordered and ordered[0].time_s * 1000.0 <= now:
-            engine.arrive(ordered.popleft(), now)
+    while client.pending or not engine.idle:
+        client.send_due(engine, now)
         step = engine.schedule()
         if step is None:
             if engine.idle:
-                now = max(now, ordered[0].time_s * 1000.0)
+                now = max(now, client.next_ms())
             continue
         device, host = engine.costs.step_parts(step)
         now = engine.complete(step, now, device, host)

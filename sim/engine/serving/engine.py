@@ -62,12 +62,14 @@ class Engine:
     def idle(self) -> bool:
         return self.scheduler.idle
 
-    def arrive(self, arrival: Arrival, now_ms: float) -> None:
+    def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live:
         """Admit an arrival to the waiting queue at `now_ms` (a step boundary); it counts as in the system from its
-        own arrival time, which may lie inside the step that just ran."""
-        live = self.scheduler.add_request(len(self.meter.result.requests), arrival.time_s * 1000.0, arrival.trace)
+        own arrival time (or `sent_ms`, when a client held it back), which may lie inside the step that just ran."""
+        at_ms = arrival.time_s * 1000.0 if sent_ms is None else sent_ms
+        live = self.scheduler.add_request(len(self.meter.result.requests), at_ms, arrival.trace)
         self.meter.arrive(live, now_ms)
         self._by_id[live.rid] = live
+        return live
 
     def schedule(self) -> SchedulerOutput | None:
         """The next step's schedule; None when nothing can run."""

@@ -14,12 +14,13 @@ import yaml
 from sim.core.errors import ProfileError
 from sim.core.io import load_yaml, parse_yaml
 from sim.core.params import KeyLines
+from sim.engine.profile_catalogues import SERVING, bundled_path, names
 from sim.engine.profile_checks import Invalid, Milliseconds, whole
-from sim.engine.serving_costs.profile import BUNDLED, FORMAT, FORWARD_KEYS, HOST_KEYS, KEYS, META_KEYS, ServingProfile
+from sim.engine.serving_costs.profile import FORMAT, FORWARD_KEYS, HOST_KEYS, KEYS, META_KEYS, ServingProfile
 
 
 def bundled_serving_profiles() -> list[str]:
-    return sorted(p.stem for p in BUNDLED.glob("*.yaml"))
+    return names(SERVING)
 
 
 def resolve_serving(name_or_path: str) -> Path:
@@ -29,13 +30,7 @@ def resolve_serving(name_or_path: str) -> Path:
         if not os.path.lexists(path):
             raise ProfileError(f"{name_or_path}: no such serving profile file")
         return path
-    bundled = BUNDLED / f"{name_or_path}.yaml"
-    if not bundled.is_file():
-        raise ProfileError(
-            f"unknown serving profile {name_or_path!r}; bundled: {', '.join(bundled_serving_profiles())} "
-            "(or give a path to a YAML file)"
-        )
-    return bundled
+    return bundled_path(name_or_path, SERVING)
 
 
 def read_serving_profile(name_or_path: str | os.PathLike[str]) -> ServingProfile:

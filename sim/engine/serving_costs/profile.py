@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.protocols import ForwardCosts
-from sim.engine.costs import BUNDLED as SINGLE_BUNDLED
 from sim.engine.costs import MAX_MS, MIN_MS
+from sim.engine.profile_catalogues import SERVING
 from sim.engine.profile_checks import Invalid, finite, whole
 from sim.engine.trace import one_line
 
-BUNDLED = SINGLE_BUNDLED / "serving"
+BUNDLED = SERVING.folder
 FORMAT = "serving"
 KEYS = {
     "format": "must be 'serving' (what tells this format from a single-request profile)",

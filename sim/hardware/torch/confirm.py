@@ -5,7 +5,7 @@ Interleaved A/B: each repetition runs every arm back to back on every trace
 repetition), so machine drift and order effects hit all arms alike, and a
 burst of load hits one repetition of several traces rather than all
 repetitions of one. Arms are
-plain decoding plus policies (`--policies graded,gated:full_at=1.75`) and/or
+plain decoding plus policies (`--compare graded,gated:full_at=1.75`) and/or
 policy files (`--config best.yaml`). Every run is timed whole, prefill
 included, from a synchronised device to the host's read of the last token.
 
