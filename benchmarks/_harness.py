@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 # A benchmark that loads a model never reaches for the hub, whatever the caller's environment says.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from sim.core.io import write_atomic  # noqa: E402
+from sim.core.io import write_atomic_all  # noqa: E402
 from sim.core.progress import Progress  # noqa: E402
 from sim.hardware.options import progress as _progress  # noqa: E402  (torch-free: bars on stderr, TQDM_DISABLE)
 from sim.hardware.options import require_torch  # noqa: E402
@@ -149,8 +149,8 @@ def write_results(
 ) -> None:
     """OUT.json (sorted keys) and OUT.md (`text`), the markdown on stdout and, for a run judged against the noise,
     its verdict line under it; last the files written (`also` after the two)."""
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{out}.md", text)
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all([(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n"), (f"{out}.md", text)])
     print(text)
     if noise is not None:
         print(verdict_line(noise))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from _harness import command_line, note, progress, table, wrote  # noqa: E402
 
 from sim.core.errors import TraceError  # noqa: E402
-from sim.core.io import write_atomic  # noqa: E402
+from sim.core.io import write_atomic_all  # noqa: E402
 from sim.drafters.stream import Stream, World  # noqa: E402
 from sim.engine.actions import LoopResult  # noqa: E402
 from sim.engine.costs import Profile, bundled_profiles, load_profile  # noqa: E402
@@ -219,8 +219,13 @@ def main() -> int:
     }
     out = Path(args.out)
     body = {"benchmark": "drafters", "command": command, "inputs": inputs, "params": params}
-    write_atomic(out, json.dumps({**body, "cells": cells, "host_cost": host}, indent=1, sort_keys=True) + "\n")
-    write_atomic(out.with_suffix(".md"), markdown(cells, host, tuned_path, args.seeds, command))
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all(
+        [
+            (out, json.dumps({**body, "cells": cells, "host_cost": host}, indent=1, sort_keys=True) + "\n"),
+            (out.with_suffix(".md"), markdown(cells, host, tuned_path, args.seeds, command)),
+        ]
+    )
     print(summary_tables(cells, host, tuned_path, args.seeds))
     wrote(out, out.with_suffix(".md"))
     return 0

@@ -30,7 +30,7 @@ from typing import Any
 from _harness import command_line, progress, table, wrote
 
 from policies import REGISTRY, governors
-from sim.core.io import write_atomic
+from sim.core.io import write_atomic_all
 from sim.core.params import LoopParams
 from sim.engine.costs import Profile, load_profile
 from sim.engine.trace import Trace, read_trace
@@ -252,8 +252,10 @@ def main() -> int:
         "oracle_by_loop": dict(sorted(oracles.items())),
         "configurations": entries,
     }
-    write_atomic(out, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    write_atomic(out.with_suffix(".md"), markdown(report))
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all(
+        [(out, json.dumps(report, indent=2, sort_keys=True) + "\n"), (out.with_suffix(".md"), markdown(report))]
+    )
     printed = [
         [e["label"], f"{e['geomean_speedup']:.4f}x", f"{e['worst_row']:.4f}x", str(e["rows_below_floor"])]
         + [f"{e['headroom_share']:.1%}", f"{e['headroom_share_same_loop']:.1%}"]

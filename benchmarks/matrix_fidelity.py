@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from _harness import command_line, table, wrote  # noqa: E402
 
-from sim.core.io import write_atomic  # noqa: E402
+from sim.core.io import write_atomic_all  # noqa: E402
 from sim.engine.costs import load_profile  # noqa: E402
 from sim.engine.trace import read_trace  # noqa: E402
 from sim.rows.config import make_config  # noqa: E402
@@ -94,8 +94,7 @@ def main() -> int:
         "sign_agreement": sum((r["measured_x"] > 1) == (r["simulated_x"] > 1) for r in rows) / len(rows),
     }
     out = Path(args.out)
-    write_atomic(
-        out,
+    data = (
         json.dumps(
             {
                 "benchmark": "matrix_fidelity",
@@ -106,7 +105,7 @@ def main() -> int:
             indent=1,
             sort_keys=True,
         )
-        + "\n",
+        + "\n"
     )
     lines = ["| model | prompt | arm | measured x | simulated x | error (points) |", "|---|---|---|---:|---:|---:|"]
     lines += [
@@ -114,7 +113,8 @@ def main() -> int:
         f"{r['error_points']:+.1f} |"
         for r in rows
     ]
-    write_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all([(out, data), (out.with_suffix(".md"), "\n".join(lines) + "\n")])
     print(f"simulated x against {summary['rows']} measured GB10 rows (graded and gated), |error| in points of x:")
     by = [[p, t, f"{sum(r['prompt'] == p for r in rows)}", f"{by_prompt[p]:.1f}"] for p, t in TRACE_OF.items()]
     print(table(["prompt", "trace", "rows", "median |error|"], by))

@@ -47,7 +47,7 @@ from _harness import command_line, loadavg, note, table  # noqa: E402
 from policies.speculation import make_speculation  # noqa: E402
 from policies.vllm import from_speculative_config  # noqa: E402
 from sim.core.errors import StudyError  # noqa: E402
-from sim.core.io import load_yaml, write_atomic  # noqa: E402
+from sim.core.io import load_yaml, write_atomic, write_atomic_all  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
@@ -320,8 +320,13 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], profi
                 f"{pair['measured_tpot_diff']:+.1%}, predicted {pair['predicted_tpot_diff']:+.1%}, "
                 f"noise {pair['noise']:.1%}: {verdict}"
             )
-    write_atomic(out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    write_atomic(out.with_suffix(".md"), "\n".join(md) + "\n")
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all(
+        [
+            (out, json.dumps(result, indent=2, sort_keys=True, default=str) + "\n"),
+            (out.with_suffix(".md"), "\n".join(md) + "\n"),
+        ]
+    )
     print(text)
     print("\n".join(md[len(md) - sum(len(p) for p in rankings.values()) :]))
 

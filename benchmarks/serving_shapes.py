@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from _harness import command_line, note, table  # noqa: E402
 
 from policies.vllm import VllmParams  # noqa: E402
-from sim.core.io import write_atomic  # noqa: E402
+from sim.core.io import write_atomic_all  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
@@ -116,7 +116,6 @@ def main() -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     batch_rows = []
     for row in by_batch:
         published = [f"{d[row['batch']]:.2f}x" if row["batch"] in d else "" for d in PUBLISHED_BATCH.values()]
@@ -132,7 +131,9 @@ def main() -> int:
         table(["req/s", "batch (none)", "TPOT speedup", "throughput ratio"], rate_rows),
         PUBLISHED_RATE,
     ]
-    write_atomic(out.with_suffix(".md"), f"`{result['command']}`\n\n```\n" + "\n".join(text) + "\n```\n")
+    markdown = f"`{result['command']}`\n\n```\n" + "\n".join(text) + "\n```\n"
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all([(out, json.dumps(result, indent=2, sort_keys=True) + "\n"), (out.with_suffix(".md"), markdown)])
     print("\n".join(text))
     return 0
 

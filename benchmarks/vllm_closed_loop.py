@@ -30,7 +30,7 @@ from pathlib import Path
 
 from _harness import command_line, loadavg, recorded_group, stem, table, wrote
 
-from sim.core.io import write_atomic
+from sim.core.io import write_atomic_all
 from sim.engine.costs import load_profile
 from sim.engine.trace import read_trace
 from sim.hardware.arms import build_arms
@@ -152,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"\nNoise: sd of a row's log paired ratio between repetitions {paired['noise']:.4f}.")
     out = stem(args.out)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
-    write_atomic(f"{out}.md", "\n".join(lines) + "\n")
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all(
+        [(f"{out}.json", json.dumps(result, indent=1, sort_keys=True) + "\n"), (f"{out}.md", "\n".join(lines) + "\n")]
+    )
     print("\n".join(lines))
     wrote(f"{out}.json", f"{out}.md")
     return 0

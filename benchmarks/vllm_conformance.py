@@ -42,7 +42,7 @@ from typing import Any
 from _harness import command_line, cores, fit_table, loadavg, note, progress, table, wrote
 
 from policies.vllm import VllmParams, from_speculative_config
-from sim.core.io import write_atomic
+from sim.core.io import write_atomic_all
 from sim.drafters.stream import Stream, World
 from sim.engine import vllm as vllm_engine
 from sim.engine.trace import AFTER_EOS, Trace, read_trace
@@ -401,8 +401,8 @@ def write(
         table(headers, cells),
     ]
     markdown = path.with_suffix(".md")
-    write_atomic(path, text)
-    write_atomic(markdown, "\n".join(lines) + "\n")
+    # the JSON and its table as one result: a stop between them leaves both as they were
+    write_atomic_all([(path, text), (markdown, "\n".join(lines) + "\n")])
     print("\n".join([*lines[:-1], fit_table(headers, cells)]))  # the terminal's copy fits its width
     wrote(path, markdown)
     mismatches = sum(r["mismatch"] for r in results)

@@ -500,3 +500,18 @@ def test_the_rules_read_the_committed_runs_as_the_docs_do():
     rows = [r for r in long["rows"] if r["arm"] != "plain"]
     noise = harness.noise_verdict(rows, long["summary"]["v2"]["median_abs"], 1.5, QUIET, {})
     assert noise["verdict"] == "noise-bound"
+
+
+def test_a_results_markdown_is_written_with_its_json_as_one_result():
+    """A benchmark's table beside its JSON is written in the same write_atomic_all as the JSON: two write_atomic
+    calls would leave a new JSON beside an old table when a stop lands between them."""
+    import ast
+
+    loose = []
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "write_atomic" and node.args:
+                target = ast.unparse(node.args[0])
+                if ".md" in target:
+                    loose.append(f"{path.name}:{node.lineno}: {target}")
+    assert loose == [], loose
