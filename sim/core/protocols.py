@@ -238,6 +238,12 @@ class Engine:
         """Decode one request under `config`: counters, action log and tokens."""
         return type(self).decode(target, governor, self.settings(config), prompt, max_tokens, drafter, keep_iterations)
 
+    def unknowable(self, measured: dict[str, Any], replayed: dict[str, Any]) -> bool:
+        """Whether a real run's counters (`measured`) differ from the replay's (`replayed`, the row's engine or loop
+        counters) only where the trace cannot settle them, so that the difference is no mismatch. The default: a
+        replay settles every count."""
+        return False
+
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other)
 

@@ -237,5 +237,9 @@ class Vllm(Engine):
     request = VllmRequest
     decode = staticmethod(run)
 
+    def unknowable(self, measured: dict[str, Any], replayed: dict[str, Any]) -> bool:
+        # vLLM's per-step record against the replay's: only the last step may differ, past what the trace recorded
+        return unknowable(measured["per_step_drafted"], measured["per_step_accepted"], replayed)
+
     def settings(self, config: EngineConfig) -> int | None:
         return config.params.max_model_len  # the loop's settings are vLLM's keys: the context limit is the one it reads

@@ -89,3 +89,18 @@ def test_a_bad_after_eos_is_refused_naming_the_file_and_line(tmp_path, extra, st
     path.write_text(json.dumps(header) + "\n" + json.dumps({"type": "token", "id": 3}) + "\n")
     with pytest.raises(TraceError, match=rf"^{path}:1: header 'after_eos' must be a list of token ids"):
         read_trace(str(path))
+
+
+def test_the_vllm_engine_calls_a_difference_past_the_recording_unknowable_and_nothing_else(tmp_path):
+    """sim.confirm compares a real run's per-step counts with the replay's through the engine: vLLM's count past
+    the EOS (as the replay with `after_eos` counts them) differs from a trace without it only on the step that
+    trace cannot settle, which is no mismatch; fewer accepted there, or any earlier difference, is one."""
+    engine = _vllm().engine
+    real = run_trace(_trace(tmp_path, after_eos=AFTER), _vllm()).engine.as_dict()
+    tail_less = run_trace(_trace(tmp_path), _vllm()).engine.as_dict()
+    measured = {k: real[k] for k in ("per_step_drafted", "per_step_accepted")}
+    assert measured["per_step_accepted"] != tail_less["per_step_accepted"]
+    assert engine.unknowable(measured, tail_less)
+    assert not engine.unknowable({**measured, "per_step_accepted": [2]}, tail_less)  # fewer than replay settled
+    assert not engine.unknowable(measured, real)  # a replay that settles every step leaves nothing unknowable
+    assert not make_config("gated", {}).engine.unknowable(measured, tail_less)  # mlxcel's replay settles all
