@@ -16,11 +16,21 @@ from sim.engine.serving.metrics import ServingResult
 from sim.engine.serving.requests import Arrival
 
 
-def _ordered(arrivals: Sequence[Arrival]) -> list[Arrival]:
+def _ordered(engine: Engine, arrivals: Sequence[Arrival]) -> list[Arrival]:
+    engine.check(arrivals)
     times = [a.time_s for a in arrivals]
     if any(not math.isfinite(t) or t < 0 for t in times):
         raise ConfigError("arrival times must be finite and >= 0 seconds")
     return sorted(arrivals, key=lambda a: a.time_s)  # stable: equal times keep their order
+
+
+def _stalled(stalls: int) -> int:
+    """Counts empty steps in a row while requests wait. One is right after every running request was preempted
+    (the next schedule admits from the queue); a second is a scheduler that cannot progress, which would spin the
+    loop forever: a programming error, since the scheduler's settings refuse what no step could run."""
+    if stalls:
+        raise AssertionError("the serving scheduler formed two empty steps in a row while requests wait")
+    return stalls + 1
 
 
 def simulate(
@@ -32,7 +42,7 @@ def simulate(
     The engine keeps its clock with the float operations `recurrence` does (start + device, then + host; an idle
     engine resumes at the next arrival's time) and moves simpy's clock to it, so both drivers see the same queue at
     every step and give the same bytes; simpy's own `now + (t - now)` may differ from t in the last bit."""
-    ordered = _ordered(arrivals)
+    ordered = _ordered(engine, arrivals)
     env = simpy.Environment()
     released: simpy.Store = simpy.Store(env)
     pending = deque(ordered)
@@ -46,12 +56,15 @@ def simulate(
 
     def server() -> Generator[simpy.Event, Any, None]:
         now = 0.0
+        stalls = 0
         while pending or not engine.idle:
             while pending and pending[0].time_s * 1000.0 <= now:
                 engine.arrive(pending.popleft(), now)
             step = engine.schedule()
             if step is None and not engine.idle:
-                continue  # every running request was preempted: the next schedule admits from the queue
+                stalls = _stalled(stalls)  # every running request was preempted: the next schedule admits
+                continue
+            stalls = 0
             if step is None:
                 yield released.get()  # idle until the source releases a request
                 now = max(now, pending[0].time_s * 1000.0)
@@ -73,8 +86,9 @@ def recurrence(
     engine: Engine, arrivals: Sequence[Arrival], progress: Callable[[float], None] | None = None
 ) -> ServingResult:
     """The same model as `simulate`, as a plain loop over steps."""
-    ordered = deque(_ordered(arrivals))
+    ordered = deque(_ordered(engine, arrivals))
     now = 0.0
+    stalls = 0
     while ordered or not engine.idle:
         while ordered and ordered[0].time_s * 1000.0 <= now:
             engine.arrive(ordered.popleft(), now)
@@ -82,7 +96,10 @@ def recurrence(
         if step is None:
             if engine.idle:
                 now = max(now, ordered[0].time_s * 1000.0)
+            else:
+                stalls = _stalled(stalls)
             continue
+        stalls = 0
         device, host = engine.costs.step_parts(step)
         now = engine.complete(step, now, device, host)
         if progress is not None:

