@@ -13,17 +13,24 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from policies.speculation import REGISTRY, make_speculation
-from policies.vllm import SCHEDULE_KEY, VllmParams, from_speculative_config, read_speculative_json
+from policies.vllm import (
+    SCHEDULE_KEY,
+    VllmParams,
+    from_speculative_config,
+    read_speculative_json,
+    speculative_config_file,
+)
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError
-from sim.core.io import check_out_file, same_file, write_atomic
+from sim.core.io import check_out_file, refuse_inputs_as_outputs, write_atomic
 from sim.core.params import build_params, describe
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
-from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
+from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile, resolve_serving
 from sim.rows.config import parse_assignments
 from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
 
@@ -174,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write every engine step (time, batch, tokens, drafts, queue) per policy and rate: the batch and "
         "K over time",
     )
-    parser.add_argument("--force", action="store_true", help="replace an existing --steps-out file")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing --steps-out file (never one of the run's inputs)"
+    )
     parser.add_argument(
         "--model",
         choices=tuple(DRIVERS),
@@ -306,6 +315,18 @@ def _profile(spec: str) -> tuple[ServingProfile, dict[str, Any]]:
     return profile, meta
 
 
+Loads = list[tuple[dict[str, Any], list[Arrival]]]  # (load description, arrivals) per load level
+
+
+def _inputs(args: argparse.Namespace, traces: list[Any], loads: Loads) -> list[str]:
+    """Every file this run reads: the traces given and those a manifest names, the manifest, and the profile and
+    speculative_config when they are files (not a catalogue name, not inline JSON)."""
+    files = {t.path for t in traces} | {a.trace.path for _, arrivals in loads for a in arrivals}
+    profile = str(resolve_serving(args.profile))  # a catalogue name reads a bundled file: that one is an input too
+    files |= {f for f in (args.manifest, profile, speculative_config_file(args.speculative_config)) if f}
+    return sorted(f for f in files if Path(f).exists())
+
+
 def _serve(args: argparse.Namespace) -> int:
     variants = [parse_variant(v) for v in split_variants(args.compare)]
     labels = [v.label for v in variants]
@@ -319,9 +340,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--force replaces an existing --steps-out file; without --steps-out it has nothing to do")
     steps_out = check_out_file(args.steps_out, "--steps-out", args.force) if args.steps_out else None
     traces = collect_traces(args.traces)
-    if steps_out is not None and any(same_file(steps_out, t.path) for t in traces):
-        raise ConfigError(f"--steps-out {steps_out} is one of the traces")
     loads = _load(args, traces)
+    if steps_out is not None:
+        refuse_inputs_as_outputs([steps_out], _inputs(args, traces, loads), "--steps-out")
     step_lines: list[str] = []
     show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     costs = ProfileCosts(profile)

@@ -142,3 +142,51 @@ def test_a_vllm_replay_refuses_an_empty_prompt_and_one_past_max_model_len(tmp_pa
     fits = len(read_trace(str(TRACE)).prompt_tokens) + 1  # the longest prompt that still fits: one reply token
     done = command("sim.replay", str(TRACE), "--engine", "vllm", "--compare", f"vllm:max_model_len={fits}")
     assert done.returncode == 0 and "generated=1 " in done.stdout, done.stderr
+
+
+def serve_inputs(tmp_path: Path) -> dict[str, Path]:
+    """A copy of a trace, a manifest naming it, a serving profile and a speculative_config file, in tmp_path."""
+    trace = tmp_path / "one.jsonl"
+    trace.write_bytes(TRACE.read_bytes())
+    manifest = tmp_path / "arrivals.jsonl"
+    manifest.write_text('{"time_s": 0.0, "trace": "one.jsonl"}\n{"time_s": 0.5, "trace": "one.jsonl"}\n')
+    profile = tmp_path / "cpu.yaml"
+    profile.write_text(PROFILE, encoding="utf-8")
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4}\n', encoding="utf-8")
+    return {"trace": trace, "manifest": manifest, "profile": profile, "spec": spec}
+
+
+@pytest.mark.parametrize("target", ["manifest", "trace", "profile", "spec", "link to the profile", "relative spec"])
+def test_sim_serve_steps_out_never_overwrites_an_input_even_with_force(tmp_path, target):
+    files = serve_inputs(tmp_path)
+    (tmp_path / "link.yaml").symlink_to(files["profile"])
+    out = {
+        "link to the profile": tmp_path / "link.yaml",
+        "relative spec": Path("..") / "spec.json",  # run from tmp_path/run: the same file
+    }.get(target, files.get(target))
+    (tmp_path / "run").mkdir()
+    before = {name: path.read_bytes() for name, path in files.items()}
+    argv = ["sim.serve", str(TRACE), "--manifest", str(files["manifest"]), "--profile", str(files["profile"])]
+    argv += ["--speculative-config", str(files["spec"]), "--steps-out", str(out), "--force"]
+    refused(command(*argv, cwd=tmp_path / "run"), "--steps-out", "one of this command's inputs")
+    assert {name: path.read_bytes() for name, path in files.items()} == before
+
+
+def test_sim_serve_steps_out_with_force_still_replaces_an_output(tmp_path):
+    files = serve_inputs(tmp_path)
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text("old\n")
+    argv = ["sim.serve", str(TRACE), "--manifest", str(files["manifest"]), "--profile", str(files["profile"])]
+    done = command(*argv, "--steps-out", str(steps), "--force", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert steps.read_text().startswith("{")
+
+
+def test_sim_replay_rounds_out_never_overwrites_its_speculative_config_file(tmp_path):
+    files = serve_inputs(tmp_path)
+    files["spec"].write_text('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\n')
+    before = files["spec"].read_bytes()
+    argv = ["sim.replay", str(files["trace"]), "--engine", "vllm", "--speculative-config", str(files["spec"])]
+    refused(command(*argv, "--rounds-out", str(files["spec"]), "--force"), "--rounds-out", "inputs")
+    assert files["spec"].read_bytes() == before
