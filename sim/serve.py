@@ -240,6 +240,7 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--manifest fixes the arrivals: drop --{flag.replace('_', '-')}")
         arrivals = read_manifest(args.manifest)
+        _check_size(len(arrivals), f"--manifest {args.manifest}")
         return [({"manifest": str(args.manifest), "requests": len(arrivals)}, arrivals)]
     if (args.rate is None) == (args.sweep_rates is None):
         raise ConfigError("give --rate R, --sweep-rates R1,R2,... or --manifest FILE")
@@ -249,6 +250,8 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
     if args.requests is None and duration is None:
         duration = 600.0
     rates = [args.rate] if args.rate is not None else _rates(args.sweep_rates)
+    for rate in rates:
+        _check_size(rate * duration if duration is not None else args.requests, f"--rate {rate:g}")
     out = []
     for rate in rates:
         arrivals = generated(
@@ -318,6 +321,50 @@ def _profile(spec: str) -> tuple[ServingProfile, dict[str, Any]]:
 Loads = list[tuple[dict[str, Any], list[Arrival]]]  # (load description, arrivals) per load level
 
 
+# The most requests one load level may ask for: the model steps a few hundred requests a second on one core
+# (922 requests in about 5 s, measured on a shared core), so a level past this takes minutes per variant
+# (docs/serving.md, "Run size").
+MAX_REQUESTS = 20_000
+
+
+def _check_size(requests: float, what: str) -> None:
+    """Refuse, before any arrival is drawn, a load level that cannot finish in reasonable time."""
+    if requests > MAX_REQUESTS:
+        raise ConfigError(
+            f"{what} asks for about {requests:,.0f} requests per variant; at most {MAX_REQUESTS:,} run in reasonable "
+            "time: lower --rate, --duration or --requests"
+        )
+
+
+def _announce(loads: Loads, variants: int, max_tokens: int | None) -> None:
+    """Say on stderr, before any work, what the run simulates: requests and the output tokens to step through."""
+    requests = sum(len(arrivals) for _, arrivals in loads)
+    tokens = sum(
+        len(a.trace.tokens) if max_tokens is None else min(max_tokens, len(a.trace.tokens))
+        for _, arrivals in loads
+        for a in arrivals
+    )
+    print(
+        f"simulating {requests:,} requests x {variants} variant(s) = {requests * variants:,} requests, "
+        f"about {tokens * variants:,} output tokens",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _warn_saturated(row: ServingRow) -> None:
+    """A warning line when the arrival rate exceeds what the configuration serves (docs/serving.md, Saturation)."""
+    b = row.backlog
+    if b.saturated:
+        print(
+            f"warning: {row.label} at {row.load.get('rate', 'the manifest')} req/s is saturated: of {b.arrived} "
+            f"requests arriving in the second half of the arrivals, {b.finished} finished in it; the queue only "
+            "grows and latencies measure the backlog: lower the rate",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _inputs(args: argparse.Namespace, traces: list[Any], loads: Loads) -> list[str]:
     """Every file this run reads: the traces given and those a manifest names, the manifest, and the profile and
     speculative_config when they are files (not a catalogue name, not inline JSON)."""
@@ -343,6 +390,7 @@ def _serve(args: argparse.Namespace) -> int:
     loads = _load(args, traces)
     if steps_out is not None:
         refuse_inputs_as_outputs([steps_out], _inputs(args, traces, loads), "--steps-out")
+    _announce(loads, len(variants), args.max_tokens)
     step_lines: list[str] = []
     show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     costs = ProfileCosts(profile)
@@ -368,6 +416,7 @@ def _serve(args: argparse.Namespace) -> int:
                 keep_steps=steps_out is not None,
             )
             progress.done()
+            _warn_saturated(row)
             rows.append(row)
             for step in served.steps or ():
                 record = {"label": variant.label, "rate": load.get("rate"), **dataclasses.asdict(step)}

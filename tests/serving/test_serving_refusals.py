@@ -190,3 +190,23 @@ def test_sim_replay_rounds_out_never_overwrites_its_speculative_config_file(tmp_
     argv = ["sim.replay", str(files["trace"]), "--engine", "vllm", "--speculative-config", str(files["spec"])]
     refused(command(*argv, "--rounds-out", str(files["spec"]), "--force"), "--rounds-out", "inputs")
     assert files["spec"].read_bytes() == before
+
+
+SWEEP = [str(TRACE.parent), "--requests", "48", "--max-tokens", "64", "--compare", "none", "--json"]
+
+
+def test_a_load_level_too_large_to_finish_is_refused_before_any_arrival_is_drawn():
+    err = refused(command("sim.serve", str(TRACE), "--rate", "999999", "--duration", "5"), "lower --rate")
+    assert "4,999,995 requests" in err
+
+
+def test_sim_serve_says_what_it_simulates_and_warns_when_the_rate_saturates_the_configuration():
+    done = command("sim.serve", *SWEEP, "--sweep-rates", "0.2,1.6")
+    assert done.returncode == 0, done.stderr
+    rows = {row["load"]["rate"]: row for row in map(json.loads, done.stdout.splitlines())}
+    assert rows[0.2]["saturated"] is False and rows[1.6]["saturated"] is True
+    assert rows[1.6]["second_half"] == {"arrived": 24, "finished": 0}  # the queue only grew
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("simulating 96 requests x 1 variant(s)")
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and "none at 1.6 req/s is saturated" in warnings[0]
