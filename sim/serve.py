@@ -374,6 +374,17 @@ def _inputs(args: argparse.Namespace, traces: list[Any], loads: Loads) -> list[s
     return sorted(f for f in files if Path(f).exists())
 
 
+def _steps_out(args: argparse.Namespace, traces: list[Any], loads: Loads) -> Path | None:
+    """The --steps-out file, checked before any work: replaced only with --force, and never one of the inputs."""
+    if args.force and not args.steps_out:
+        raise ConfigError("--force replaces an existing --steps-out file; without --steps-out it has nothing to do")
+    if not args.steps_out:
+        return None
+    steps_out = check_out_file(args.steps_out, "--steps-out", args.force)
+    refuse_inputs_as_outputs([steps_out], _inputs(args, traces, loads), "--steps-out")
+    return steps_out
+
+
 def _serve(args: argparse.Namespace) -> int:
     variants = [parse_variant(v) for v in split_variants(args.compare)]
     labels = [v.label for v in variants]
@@ -383,13 +394,9 @@ def _serve(args: argparse.Namespace) -> int:
     drafter, mlxcel_lookup = _drafter(args.speculative_config)
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
     profile, profile_meta = _profile(args.profile)
-    if args.force and not args.steps_out:
-        raise ConfigError("--force replaces an existing --steps-out file; without --steps-out it has nothing to do")
-    steps_out = check_out_file(args.steps_out, "--steps-out", args.force) if args.steps_out else None
     traces = collect_traces(args.traces)
     loads = _load(args, traces)
-    if steps_out is not None:
-        refuse_inputs_as_outputs([steps_out], _inputs(args, traces, loads), "--steps-out")
+    steps_out = _steps_out(args, traces, loads)
     _announce(loads, len(variants), args.max_tokens)
     step_lines: list[str] = []
     show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
