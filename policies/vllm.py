@@ -257,6 +257,13 @@ def read_speculative_config(text: str) -> VllmParams:
     return from_speculative_config(raw, source)
 
 
+def speculative_config_file(text: str | None) -> str | None:
+    """The file `--speculative-config JSON|FILE` names, or None when it is inline JSON (or not given)."""
+    if text is None or text.lstrip().startswith(("{", "[")):
+        return None
+    return text
+
+
 def read_speculative_json(text: str) -> tuple[Any, str]:
     """The decoded JSON of `--speculative-config JSON|FILE` (strictly read) and where it came from."""
     source = "--speculative-config"

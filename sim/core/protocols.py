@@ -225,6 +225,9 @@ class Engine:
         """What the engine's loop reads of a configuration: the loop parameters, unless the engine says otherwise."""
         return config.loop
 
+    def check_request(self, path: str, prompt: Sequence[int], config: EngineConfig) -> None:
+        """Refuse (a UserError naming `path`) a request the engine itself would refuse, before any run starts."""
+
     def run(
         self,
         target: Target,

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.core.errors import ConfigError
 from sim.core.params import NO_CAP
 from sim.core.protocols import Drafter, Engine, EngineConfig, Governor, Target
 from sim.engine.actions import LoopResult
@@ -203,6 +204,18 @@ class VllmRequest:
         self.out.tokens = self.context[self.prompt_length :]
 
 
+def check_prompt(path: str, prompt_length: int, max_model_len: int | None) -> None:
+    """vLLM's input checks on a request's prompt, by the trace's header line: it refuses an empty prompt ("The
+    decoder prompt cannot be empty") and one that leaves no position below max_model_len for a first token."""
+    if prompt_length == 0:
+        raise ConfigError(f"{path}:1: the prompt is empty; vLLM refuses a request without prompt tokens")
+    if max_model_len is not None and prompt_length + 1 > max_model_len:
+        raise ConfigError(
+            f"{path}:1: a prompt of {prompt_length} tokens leaves no room for a reply within max_model_len "
+            f"{max_model_len}; expected at most {max_model_len - 1} prompt tokens"
+        )
+
+
 def run(
     target: Target,
     governor: Governor[Any],
@@ -243,3 +256,6 @@ class Vllm(Engine):
 
     def settings(self, config: EngineConfig) -> int | None:
         return config.params.max_model_len  # the loop's settings are vLLM's keys: the context limit is the one it reads
+
+    def check_request(self, path: str, prompt: Sequence[int], config: EngineConfig) -> None:
+        check_prompt(path, len(prompt), self.settings(config))

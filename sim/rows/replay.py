@@ -148,6 +148,7 @@ def run_trace(
 ) -> LoopResult:
     """The loop over a trace: counters and action log, no timing. `costs` is the profile a governor that reads
     costs is bound to (the others ignore it); `world` places the trace in a stream of requests (--as-stream)."""
+    config.engine.check_request(trace.path, trace.prompt_tokens, config)
     target = trace.target()
     drafter = request_drafter(trace, config, world)
     governor = config.governor(costs)

@@ -25,6 +25,7 @@ from policies.speculation import make_speculation
 from policies.vllm import VllmParams
 from sim.core.errors import ConfigError
 from sim.engine.serving import Arrival, Engine, SchedulerParams, ServingResult, StepCosts, recurrence, simulate
+from sim.engine.serving.metrics import Backlog, backlog
 from sim.rows.config import make_config
 from sim.rows.replay import request_drafter
 
@@ -115,6 +116,7 @@ class ServingRow:
     steps: int = 0
     preemptions: int = 0
     in_system_mean: float = 0.0  # Little's L: requests in the system, averaged over time
+    backlog: Backlog = Backlog(0, 0)  # second-half arrivals and completions: is the queue only growing?
     mean_e2e_s: float = 0.0
 
     @property
@@ -162,6 +164,8 @@ class ServingRow:
             "steps": self.steps,
             "preemptions": self.preemptions,
             "little": {"in_system_mean": self.in_system_mean, "arrival_rate_x_mean_e2e": self._little_rhs()},
+            "saturated": self.backlog.saturated,
+            "second_half": {"arrived": self.backlog.arrived, "finished": self.backlog.finished},
         }
 
     def _little_rhs(self) -> float:
@@ -254,6 +258,7 @@ def summarize(
         preemptions=result.preemptions,
         in_system_mean=result.in_system_ms / result.end_ms if result.end_ms > 0 else 0.0,
         mean_e2e_s=float(np.mean(e2es)) / 1000.0 if e2es else 0.0,
+        backlog=backlog(result.requests),
     )
 
 

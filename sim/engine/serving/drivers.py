@@ -66,6 +66,15 @@ class Client:
         self.in_flight = [live for live in self.in_flight if math.isnan(live.finish_ms)]
 
 
+def _stalled(stalls: int) -> int:
+    """Counts empty steps in a row while requests wait. One is right after every running request was preempted
+    (the next schedule admits from the queue); a second is a scheduler that cannot progress, which would spin the
+    loop forever: a programming error, since the scheduler's settings refuse what no step could run."""
+    if stalls:
+        raise AssertionError("the serving scheduler formed two empty steps in a row while requests wait")
+    return stalls + 1
+
+
 def simulate(
     engine: Engine,
     arrivals: Sequence[Arrival],
@@ -79,6 +88,7 @@ def simulate(
     engine resumes at the next arrival's time) and moves simpy's clock to it, so both drivers see the same queue at
     every step and give the same bytes; simpy's own `now + (t - now)` may differ from t in the last bit.
     `max_concurrency` caps the requests in flight at the client (`Client`)."""
+    engine.check(arrivals)  # what vLLM refuses, before any arrival
     client = Client(arrivals, max_concurrency)
     ordered = list(client.queue)
     env = simpy.Environment()
@@ -93,11 +103,14 @@ def simulate(
 
     def server() -> Generator[simpy.Event, Any, None]:
         now = 0.0
+        stalls = 0
         while client.pending or not engine.idle:
             client.send_due(engine, now)
             step = engine.schedule()
             if step is None and not engine.idle:
-                continue  # every running request was preempted: the next schedule admits from the queue
+                stalls = _stalled(stalls)  # every running request was preempted: the next schedule admits
+                continue
+            stalls = 0
             if step is None:
                 yield released.get()  # idle until the source releases a request
                 now = max(now, client.next_ms())
@@ -122,15 +135,20 @@ def recurrence(
     max_concurrency: int | None = None,
 ) -> ServingResult:
     """The same model as `simulate`, as a plain loop over steps."""
+    engine.check(arrivals)  # what vLLM refuses, before any arrival
     client = Client(arrivals, max_concurrency)
     now = 0.0
+    stalls = 0
     while client.pending or not engine.idle:
         client.send_due(engine, now)
         step = engine.schedule()
         if step is None:
             if engine.idle:
                 now = max(now, client.next_ms())
+            else:
+                stalls = _stalled(stalls)
             continue
+        stalls = 0
         device, host = engine.costs.step_parts(step)
         now = engine.complete(step, now, device, host)
         if progress is not None:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -61,6 +61,11 @@ class Engine:
     @property
     def idle(self) -> bool:
         return self.scheduler.idle
+
+    def check(self, arrivals: Sequence[Arrival]) -> None:
+        """Refuse, before the run starts, any request the scheduler would refuse on arrival."""
+        for trace in {id(a.trace): a.trace for a in arrivals}.values():
+            self.scheduler.check_request(trace)
 
     def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live:
         """Admit an arrival to the waiting queue at `now_ms` (a step boundary); it counts as in the system from its

@@ -85,3 +85,35 @@ class Meter:
         result.preemptions = preemptions
         result.end_ms = max((live.finish_ms for live in result.requests), default=0.0)
         return result
+
+
+# A run is saturated (docs/serving.md, "Saturation") when, over the second half of its arrival window, fewer
+# requests finished than SATURATION_SHARE of those that arrived: the queue grew by a tenth of the arrivals in half
+# the run, which a configuration that keeps up does not do. Fewer than SATURATION_MIN_ARRIVALS arrivals in that half
+# are too few to tell a growing queue from one request's latency.
+SATURATION_SHARE = 0.9
+SATURATION_MIN_ARRIVALS = 20
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Requests that arrived, and that finished, in the second half of a run's arrival window."""
+
+    arrived: int
+    finished: int
+
+    @property
+    def saturated(self) -> bool:
+        return self.arrived >= SATURATION_MIN_ARRIVALS and self.finished < SATURATION_SHARE * self.arrived
+
+
+def backlog(requests: list[Live]) -> Backlog:
+    """The second half of the arrival window's arrivals and completions (a saturated run finishes fewer)."""
+    if not requests:
+        return Backlog(0, 0)
+    first = min(live.arrival_ms for live in requests)
+    last = max(live.arrival_ms for live in requests)
+    half = (first + last) / 2
+    arrived = sum(1 for live in requests if live.arrival_ms > half)
+    finished = sum(1 for live in requests if half < live.finish_ms <= last)
+    return Backlog(arrived, finished)

@@ -37,6 +37,7 @@ from sim.engine.serving.blocks import BlockPool
 from sim.engine.serving.requests import Entry, Live, SchedulerOutput
 from sim.engine.serving.scheduler import SCHEDULERS, RequestFactory, StepOutcome
 from sim.engine.trace import Trace
+from sim.engine.vllm import check_prompt
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,14 @@ class SchedulerParams:
         check_range("block_size", self.block_size, 1, 1 << 16, "an integer")
         check_range("kv_cache_tokens", self.kv_cache_tokens, self.block_size, 1 << 40, "an integer")
         check_range("max_model_len", self.max_model_len, 2, 1 << 30, "an integer")
+        if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # vLLM refuses this at start-up: without chunks a prompt runs in one step, and a prompt longer than
+            # the budget would wait forever.
+            raise ConfigError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len={self.max_model_len} "
+                "with chunked_prefill off; expected max_num_batched_tokens >= max_model_len, chunked_prefill on, "
+                "or a lower max_model_len"
+            )
 
     @property
     def blocks(self) -> int:
@@ -111,13 +120,13 @@ class VllmV1Scheduler:
 
     # -- 1. arrivals
 
+    def check_request(self, trace: Trace) -> None:
+        """Refuse a trace vLLM would refuse as a request (replay's engine applies the same rule)."""
+        check_prompt(trace.path, len(trace.prompt_tokens), self.params.max_model_len)
+
     def add_request(self, rid: int, arrival_ms: float, trace: Trace) -> Live:
         """A request for `trace`, at the back of the waiting queue."""
-        if len(trace.prompt_tokens) + 1 > self.params.max_model_len:
-            raise ConfigError(
-                f"{trace.path}: a prompt of {len(trace.prompt_tokens)} tokens does not fit max_model_len "
-                f"{self.params.max_model_len}"
-            )
+        self.check_request(trace)
         target = trace.target()
         cap = trace.max_tokens
         if self.max_tokens is not None:
