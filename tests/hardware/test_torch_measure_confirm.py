@@ -439,7 +439,7 @@ def test_measure_bad_input_is_one_error_line(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_record_measure_confirm_with_the_committed_best_configuration(profile, tmp_path, capsys):
+def test_record_measure_confirm_with_the_committed_best_configuration(profile, tmp_path, capsys, monkeypatch):
     """The README's chain: a trace recorded by sim.record, a profile measured by sim.measure with its default widths,
     and sim.confirm of the committed studies/gated_gb10/best.yaml beside graded and gated; the
     confirm run shows a progress bar with an estimate of the time left on stderr."""
@@ -452,9 +452,11 @@ def test_record_measure_confirm_with_the_committed_best_configuration(profile, t
     argv += ["--profile", str(profile), "--compare", "graded,gated", "--config", str(best), "--reps", "1"]
     argv += ["--max-tokens", "30", "--out", str(out), *MODEL]
     capsys.readouterr()
+    monkeypatch.setenv("DRAFTLAB_PROGRESS_EVERY_S", "0")  # stderr is no terminal: a plain line per update
     assert confirm.main(argv) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
-    assert re.search(r"confirm: 100%.* 12/12 \[\d\d:\d\d<\d\d:\d\d, ", err), err
+    assert re.search(r"confirm: \d+/12 .*, about \d+ s left", err), err
+    assert re.search(r"confirm: 12/12 .*\(100%\) done in \d+ s", err), err
     rows = json.loads((out / "confirm.json").read_text())["rows"]
     labels = {r["arm"] for r in rows}
     assert len(rows) == 8 and {"plain", "graded", "gated"} < labels
@@ -512,10 +514,12 @@ def test_closed_loop_benchmark_shows_progress(clock, tmp_path, monkeypatch, caps
     argv = ["--arch", "tiny", "--reps", "1", "--rounds", "3", "--max-tokens", "12", "--out", str(tmp_path / "clc")]
     monkeypatch.setattr(sys, "argv", ["closed_loop_cpu.py", *argv])
     monkeypatch.setenv("TQDM_DISABLE", "0")
+    monkeypatch.setenv("DRAFTLAB_PROGRESS_EVERY_S", "0")  # stderr is no terminal: a plain line per update
     assert bench["main"]() == 0, capsys.readouterr().err
     err = capsys.readouterr().err
     for phase in ("measure at 100", "measure at 400", "measure at 800", "confirm"):
-        assert re.search(rf"{phase}: 100%.*\[\d\d:\d\d<\d\d:\d\d, ", err), (phase, err)
+        assert re.search(rf"{phase}: \d+/\d+ .*, about \d+ s left", err), (phase, err)
+        assert re.search(rf"{phase}: (\d+)/\1 .*\(100%\) done in \d+ s", err), (phase, err)
     result = load_json((tmp_path / "clc.json").read_text(), "clc.json", UserError)
     assert result["max_tokens"] == 12 and all(r["generated_tokens"] == 12 for r in result["rows"])
     assert (tmp_path / "clc.md").exists() and (tmp_path / "clc-profile.yaml").exists()

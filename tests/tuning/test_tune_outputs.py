@@ -411,7 +411,8 @@ def test_a_disk_that_fills_during_the_trials_names_the_file_it_could_not_write(t
     script = (
         "mount -t tmpfs -o size=2m tmpfs place && "
         f"( {TUNE_SH} --n-trials 1 --sleep-per-trial 3 --out place/out 2>err.log; echo rc=$? > rc.log ) & "
-        "for i in $(seq 600); do grep -q 'tiny:' err.log 2>/dev/null && break; sleep 0.1; done; "
+        # the study's storage exists once the checks passed and the trials begin (progress lines may wait 10 s)
+        "for i in $(seq 600); do test -s runs/tiny.db && break; sleep 0.1; done; sleep 0.5; "
         "head -c 4M /dev/zero > place/fill 2>/dev/null; wait; cat rc.log; ls -A place place/out"
     )
     done = in_namespace(script, tmp_path)
