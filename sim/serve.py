@@ -33,6 +33,7 @@ from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
 from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile, resolve_serving
 from sim.rows.config import parse_assignments
+from sim.rows.labels import split_label
 from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
 from sim.rows.serving_table import level_tables, title
 
@@ -71,30 +72,11 @@ def split_variants(text: str) -> list[str]:
     return [v.strip() for v in out]
 
 
-def split_settings(text: str) -> list[str]:
-    """`schedule=[[1,4,4]]:num_speculative_tokens=4` -> its KEY=VALUE items (colons inside brackets stay)."""
-    out: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in text:
-        if char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        if char == ":" and depth == 0:
-            out.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    out.append("".join(current))
-    return out
-
-
 def parse_variant(text: str) -> Variant:
     """`NAME` or `NAME:KEY=VALUE:KEY=VALUE`; checked by building the policy."""
     name, colon, rest = text.partition(":")
     # `static:` is a colon with nothing after it: refused as an empty setting, not run under the label `static:`
-    values: dict[str, Any] = parse_assignments(split_settings(rest), f"--compare {text}") if colon else {}
+    values: dict[str, Any] = parse_assignments(split_label(rest), f"--compare {text}") if colon else {}
     make_speculation(name, values)
     return Variant(name=name, values=values, label=text)
 
