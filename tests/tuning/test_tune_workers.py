@@ -343,7 +343,21 @@ def test_a_worker_killed_alone_is_named_and_the_report_is_still_written(tmp_path
 
 def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool]) -> tuple[int, list[str]]:
     """Run sim.tune with `-X importtime`, send SIGINT once `ready(stderr lines so far)` holds; (exit code, stderr
-    lines without the import timings and progress bars)."""
+    lines without the import timings and progress bars).
+
+    A moment can be short (the report of a small study is written in about half a second) and a loaded machine can
+    let this process look too late: the command is frozen (SIGSTOP) once the moment is seen, and interrupted only
+    if the moment still holds while it is frozen; otherwise it is run again, up to three times."""
+    for _ in range(3):
+        code, lines, hit = _interrupt_once(argv, cwd, ready)
+        if hit:
+            return code, lines
+    raise AssertionError(f"the moment passed before SIGINT could be sent, three times: {lines}")
+
+
+def _interrupt_once(
+    argv: list[str], cwd: Path, ready: Callable[[list[str]], bool]
+) -> tuple[int, list[str], bool]:
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "sim.tune", *argv],
         cwd=cwd,
@@ -357,7 +371,12 @@ def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool
     reader.start()
     try:
         wait_for(lambda: ready(list(lines)), timeout_s=60)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.05)  # the stop takes effect; what the process wrote until then is read
+        hit = ready(list(lines))
+        if hit:
+            proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGCONT)
         proc.wait(timeout=60)
         reader.join(timeout=10)
     finally:
@@ -370,7 +389,7 @@ def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool
         for part in line.rstrip("\n").split("\r")
         if part.strip() and not TRIAL_BAR.search(part) and not part.startswith(PROGRESS)
     ]
-    return proc.returncode, shown
+    return proc.returncode, shown, hit
 
 
 PROGRESS = ("writing report ", "report: ", "loading ")  # progress lines on stderr, not messages
@@ -390,8 +409,9 @@ MOMENTS = {
         ["--n-trials", "200", "--workers", "2", "--storage", "s.journal.log"],
         lambda tmp: lambda lines: bool(workers_of_any(tmp)),
     ),
-    # while the report and its figures are written
-    "report": (["--n-trials", "3"], lambda tmp: lambda lines: (tmp / "runs" / "tiny").is_dir()),
+    # while the report and its figures are written: they are made in a staging folder inside the report folder,
+    # which is gone once the report is in place
+    "report": (["--n-trials", "3"], lambda tmp: lambda lines: any((tmp / "runs" / "tiny").glob(".staging.*"))),
 }
 
 
