@@ -355,9 +355,7 @@ def interrupt_when(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool
     raise AssertionError(f"the moment passed before SIGINT could be sent, three times: {lines}")
 
 
-def _interrupt_once(
-    argv: list[str], cwd: Path, ready: Callable[[list[str]], bool]
-) -> tuple[int, list[str], bool]:
+def _interrupt_once(argv: list[str], cwd: Path, ready: Callable[[list[str]], bool]) -> tuple[int, list[str], bool]:
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "sim.tune", *argv],
         cwd=cwd,
