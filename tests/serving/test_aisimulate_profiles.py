@@ -174,3 +174,28 @@ def test_fresh_aisimulate_queries_agree_with_the_committed_samples():
         for s in run["samples"][::17]:
             query = {"scheduled_requests": GENERATOR.scheduled(s["pieces"], run["width"])}
             assert estimator.estimate_forward_pass_time_ms(query) == pytest.approx(s["ms"], rel=1e-9)
+
+
+def test_the_documented_table_is_what_the_profiles_say():
+    doc = (ROOT / "docs" / "serving-profiles.md").read_text(encoding="utf-8")
+    rows = [line for line in doc.splitlines() if line.startswith("| `") and "-vllm-" in line and "cpu-" not in line]
+    expected = []
+    for name in NAMES:
+        profile, config = read_serving_profile(name), _samples(name)["config"]
+        fit, held = profile.meta["fit"], profile.meta["fit"]["width_holdout"]
+        ms = dict(zip(profile.forward_tokens, profile.forward_ms, strict=True))
+        cells = [
+            f"`{name}`",
+            config["model"].split("/")[1],
+            config["system"],
+            str(config["tp"]),
+            config["backend_version"],
+            str(fit["samples"]),
+            *(f"{fit[k] * 100:.1f}%" for k in ("median_abs_rel_error", "p90_abs_rel_error", "max_abs_rel_error")),
+            f"{held['p90_abs_rel_error'] * 100:.1f}% / {held['max_abs_rel_error'] * 100:.1f}%",
+            f"{ms[1]:.2f}",
+            f"{ms[256]:.2f}",
+            f"{ms[8192]:.1f}",
+        ]
+        expected.append("| " + " | ".join(cells) + " |")
+    assert rows == expected
