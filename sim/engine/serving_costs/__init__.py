@@ -15,6 +15,7 @@ held equal to replay.
 
 from sim.engine.serving_costs.files import (
     bundled_serving_profiles,
+    bundled_serving_summaries,
     dump_serving_profile,
     read_serving_profile,
     resolve_serving,
@@ -58,6 +59,7 @@ __all__ = [
     "ServingProfile",
     "StepShape",
     "bundled_serving_profiles",
+    "bundled_serving_summaries",
     "decoder_params",
     "dump_serving_profile",
     "fit_serving_profile",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,25 @@ from sim.engine.serving_costs.profile import FORMAT, FORWARD_KEYS, HOST_KEYS, KE
 
 def bundled_serving_profiles() -> list[str]:
     return names(SERVING)
+
+
+def bundled_serving_summaries() -> list[str]:
+    """One line per bundled serving profile: its name, what it is for and where its numbers come from (the kind of
+    source: a roofline, an aisimulate fit, a measurement), for `sim.serve --list-profiles`."""
+    lines = []
+    for name in bundled_serving_profiles():
+        meta = read_serving_profile(name).meta
+        model, machine = (str(meta.get(k, "?")).split(" (")[0].split(";")[0] for k in ("model", "machine"))
+        source = str(meta.get("source", ""))
+        where = re.search(r"forward passes \(([^)]*)\)", source)
+        if "roofline" in meta:
+            kind = "roofline from public specifications, host assumed"
+        elif source.startswith("aisimulate") and where:
+            kind = f"{source.split(' (')[0]} fit ({where.group(1)}), host assumed"
+        else:
+            kind = "measured" + (" by sim.measure" if "sim.measure" in source else "")
+        lines.append(f"{name}: {model} on {machine}; {kind}")
+    return lines
 
 
 def resolve_serving(name_or_path: str) -> Path:
