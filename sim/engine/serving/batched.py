@@ -1,0 +1,525 @@
+"""The batched form of the serving engine: vLLM V1's scheduler (vllm_v1.py) and the engine around it (engine.py),
+with each step's per-request work done as array operations over the running batch (docs/serving.md, "The batched
+form"). The reference form steps every request through its own `VllmRequest`; this one holds the batch as rows of
+integers (`state`, one row per running request in admission order) and looks each verify up in per-trace tables
+(tables.py): a decode that verifies d drafts after e tokens accepts min(d, match[e], known), lands its kept tokens up
+to the EOS and the cap, and drafts next min(K, avail[e'], room) tokens. Every rule of `VllmRequest` and of the
+scheduler is kept, and the float operations that make times are the reference's, in its order, so results are equal
+to the last bit (tests/serving/test_batched.py holds the two forms equal).
+
+It applies where the step's K depends on the batch alone (policies none, static, dsd, dsd_tiers, and trtllm without
+its acceptance gate), the drafter is an n-gram index over the trace (vLLM's n-gram or mlxcel's lookup), the requests
+are vLLM's and the step is priced by a serving profile (`ProfileCosts`); `make_engine` picks it there and the
+reference form everywhere else. Steps with a prefill still in chunks, a short budget or a preemption run the
+scheduler's loop in plain Python over the same rows; admissions too, one request at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies.speculation import DsdTiers, DynamicSD, NoSpeculation, Static, Trtllm
+from sim.core.errors import ConfigError
+from sim.core.params import NO_CAP
+from sim.core.protocols import Drafter, SpeculationPolicy
+from sim.core.protocols import Engine as ReplayEngine
+from sim.engine.engines import SERVING_ENGINE, engine_named
+from sim.engine.serving.book import BatchedLive, Book
+from sim.engine.serving.engine import Engine
+from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
+from sim.engine.serving.pricing import ProfileCosts, StepCosts
+from sim.engine.serving.requests import Arrival, Live
+from sim.engine.serving.tables import TraceTable, answers_of, table_for, tabulable
+from sim.engine.serving.vllm_v1 import SchedulerParams, VllmV1Scheduler
+from sim.engine.serving_costs import StepShape
+from sim.engine.trace import Trace
+from sim.engine.vllm import VllmRequest
+
+# A running request's row: its integer state (vLLM's and the verify's), and where its trace's tables start.
+(RID, PLEN, TLEN, EMIT, COMP, SPEC, K, BLOCKS, STARTED, CAP, TOFF, KNOWN0, NVER) = range(13)
+(DRAFTED, ACCEPTED, AVAIL, POS, UNK, UTAIL, EOS) = range(13, 20)
+COLUMNS = 20
+BUSY, FIRST = 0, 1  # its float state: time in steps (added step by step, as the reference adds it), first token
+
+
+def uniform_k(policy: SpeculationPolicy) -> Callable[[int], int] | None:
+    """The policy's K as a function of the step's batch alone, where it is one (the batched form's condition)."""
+    kind = type(policy)
+    if kind is NoSpeculation:
+        return lambda batch: 0
+    if kind is Static:
+        k: int = policy.params.k  # type: ignore[attr-defined]
+        return lambda batch: k
+    if kind in (DynamicSD, DsdTiers):
+        return policy.k_at  # type: ignore[attr-defined]
+    if kind is Trtllm and policy.params.acceptance_rate_threshold <= 0:  # type: ignore[attr-defined]
+        return policy.k_at  # type: ignore[attr-defined]
+    return None  # a K per request (a gate, a governor, goodput's greedy split): the reference form
+
+
+def batched_applies(
+    policy: SpeculationPolicy,
+    costs: StepCosts,
+    drafter: Callable[[Trace], Drafter],
+    arrivals: Sequence[Arrival],
+    engine: ReplayEngine | None = None,
+) -> bool:
+    """Whether the batched form models this run (module docstring); else the reference form does."""
+    served = engine if engine is not None else engine_named(SERVING_ENGINE)
+    if served.scheduler != "vllm-v1" or served.request is not VllmRequest or type(costs) is not ProfileCosts:
+        return False
+    if uniform_k(policy) is None:
+        return False
+    if not policy.speculates:
+        return True
+    traces = {id(a.trace): a.trace for a in arrivals}.values()
+    return all(tabulable(trace, drafter(trace)) for trace in traces)
+
+
+def make_engine(
+    policy: SpeculationPolicy,
+    costs: StepCosts,
+    scheduler: SchedulerParams,
+    drafter: Callable[[Trace], Drafter],
+    *,
+    arrivals: Sequence[Arrival],
+    keep_steps: bool = False,
+    max_tokens: int | None = None,
+    form: str = "auto",
+) -> Engine | BatchedEngine:
+    """The engine for a run of `arrivals`: `form` "reference" (engine.py), "batched" (this module; a ConfigError
+    where it does not apply) or "auto" (batched where it applies)."""
+    if form not in FORMS:
+        raise ConfigError(f"unknown serving engine form {form!r}; expected one of {', '.join(FORMS)}")
+    applies = form != "reference" and batched_applies(policy, costs, drafter, arrivals)
+    if form == "batched" and not applies:
+        raise ConfigError("the batched serving form does not apply to this policy, drafter or cost model")
+    if applies:
+        return BatchedEngine(policy, costs, scheduler, drafter, keep_steps=keep_steps, max_tokens=max_tokens)
+    return Engine(policy, costs, scheduler, drafter, keep_steps=keep_steps, max_tokens=max_tokens)
+
+
+FORMS = ("auto", "reference", "batched")
+
+
+@dataclass(slots=True)
+class BatchedStep:
+    """One step's schedule as arrays over its requests, in the reference's entry order: rows of `state`, new
+    tokens, tokens computed before, prefill chunk or decode, whether it samples a token, drafts verified."""
+
+    rows: np.ndarray
+    tokens: np.ndarray
+    computed: np.ndarray
+    prefill: np.ndarray
+    completes: np.ndarray
+    drafts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def shape(self) -> StepShape:
+        t, c = self.tokens, self.computed
+        pairs = int((t * c + t * (t + 1) // 2).sum())
+        return StepShape(sequences=len(t), tokens=int(t.sum()), kv_tokens=int(c.sum()), attention_pairs=pairs)
+
+
+class BatchedEngine:
+    """The engine of engine.py with vLLM V1's scheduler, batched (module docstring): the same interface to the
+    drivers (`check`, `arrive`, `schedule`, `complete`, `ended`)."""
+
+    def __init__(
+        self,
+        policy: SpeculationPolicy,
+        costs: StepCosts,
+        scheduler: SchedulerParams,
+        drafter: Callable[[Trace], Drafter],
+        keep_steps: bool = False,
+        max_tokens: int | None = None,
+    ) -> None:
+        k_at = uniform_k(policy)
+        if k_at is None:
+            raise ConfigError(f"the batched serving form needs a K per batch, not policy {type(policy).__name__}")
+        self.k_at = k_at
+        self.policy, self.costs, self.params = policy, costs, scheduler
+        self.drafter, self.max_tokens = drafter, max_tokens
+        self.meter = Meter(keep_steps)
+        # The reference scheduler, for its refusals only (at start: settings; per trace: `check_request`).
+        self.checks = VllmV1Scheduler(scheduler, policy, drafter, max_tokens, request_factory=VllmRequest)
+        self.max_k = self.checks.max_k
+        policy.bind(costs, self._computed)
+        self.state = np.zeros((0, COLUMNS), dtype=np.int64)
+        self.floats = np.zeros((0, 2), dtype=np.float64)
+        self.lives: list[Live] = []
+        self.waiting: deque[Live] = deque()
+        self.parked: dict[int, tuple[list[int], list[float]]] = {}  # a waiting request's row
+        self.free = scheduler.blocks
+        self.preemptions = 0
+        self.book = Book()
+        self.tables: dict[int, tuple[Trace, TraceTable, int]] = {}  # id(trace) -> (trace, its tables, offset)
+        self.avail_all = np.zeros(0, dtype=np.int64)
+        self.match_all = np.zeros(0, dtype=np.int64)
+
+    @property
+    def result(self) -> ServingResult:
+        return self.meter.result
+
+    @property
+    def running(self) -> list[Live]:
+        return self.lives
+
+    @property
+    def free_blocks(self) -> int:
+        return self.free
+
+    @property
+    def idle(self) -> bool:
+        return not self.lives and not self.waiting
+
+    def _computed(self, rid: int) -> int:
+        return int(self.state[self.state[:, RID] == rid, COMP][0])
+
+    # -- 1. arrivals
+
+    def _table(self, trace: Trace) -> tuple[TraceTable, int]:
+        known = self.tables.get(id(trace))
+        if known is None:
+            if self.max_k:
+                table = table_for(trace, self.drafter(trace), self.max_k)  # type: ignore[arg-type]
+            else:  # nothing is drafted: the tables are never read past their zeros
+                zeros = np.zeros(len(trace.tokens) + 1, dtype=np.int64)
+                answers = answers_of(trace)
+                table = TraceTable(avail=zeros, match=zeros, answers=answers, known_total=len(answers))
+            offset = len(self.avail_all)
+            self.avail_all = np.concatenate([self.avail_all, table.avail])
+            self.match_all = np.concatenate([self.match_all, table.match])
+            known = self.tables[id(trace)] = (trace, table, offset)  # the trace is kept: its id stays its own
+        return known[1], known[2]
+
+    def check(self, arrivals: Sequence[Arrival]) -> None:
+        """Refuse what the reference refuses, and tabulate every trace once before the run."""
+        for trace in {id(a.trace): a.trace for a in arrivals}.values():
+            self.checks.check_request(trace)
+            self._table(trace)
+
+    def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live:
+        """As `Engine.arrive`: a request at the back of the waiting queue, in the system from its arrival."""
+        at_ms = arrival.time_s * 1000.0 if sent_ms is None else sent_ms
+        trace = arrival.trace
+        self.checks.check_request(trace)
+        cap = trace.max_tokens
+        if self.max_tokens is not None:
+            if cap is not None and self.max_tokens > cap:
+                raise ConfigError(f"max_tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
+            cap = self.max_tokens
+        table, offset = self._table(trace)
+        rid = len(self.meter.result.requests)
+        prompt = len(trace.prompt_tokens)
+        row = [0] * COLUMNS
+        row[RID], row[PLEN], row[TLEN] = rid, prompt, len(trace.tokens)
+        row[TOFF], row[KNOWN0] = offset, table.known_total
+        # VllmRequest's cap: max_tokens, and the positions left below max_model_len.
+        row[CAP] = min(cap if cap is not None else NO_CAP, self.params.max_model_len - prompt)
+        live = BatchedLive(rid, at_ms, trace, self.book, lambda live: self._request(live, cap))
+        self.parked[rid] = (row, [0.0, math.nan])
+        self.waiting.append(live)
+        self.meter.arrive(live, now_ms)
+        self.book.requests = rid + 1
+        return live
+
+    def _request(self, live: Live, cap: int | None) -> VllmRequest:
+        """A fresh `VllmRequest` as the reference's factory makes it (the book then fills in what it did)."""
+        trace = live.trace
+        return VllmRequest(
+            trace.target(), self.params.max_model_len, trace.prompt_tokens, cap, self.drafter(trace), self.max_k
+        )
+
+    # -- 2. schedule
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-min(tokens, self.params.max_model_len) // self.params.block_size)
+
+    def _grow(self, row: list[int], tokens: int) -> bool:
+        need = self._blocks_for(tokens) - row[BLOCKS]
+        if need <= 0:
+            return True
+        if need > self.free:
+            return False
+        self.free -= need
+        row[BLOCKS] += need
+        return True
+
+    def schedule(self) -> BatchedStep | None:
+        """Step 2 of vllm_v1.py's docstring; None when nothing can run."""
+        budget = self.params.max_num_batched_tokens
+        picked = self._running(budget) if len(self.lives) else None
+        preempted = False
+        if picked is None:
+            rows, floats = self.state.tolist(), self.floats.tolist()
+            picked, budget, preempted = self._running_loop(rows, floats, budget)
+            self.state = np.asarray(rows, dtype=np.int64).reshape(-1, COLUMNS)
+            self.floats = np.asarray(floats, dtype=np.float64).reshape(-1, 2)
+        else:
+            budget -= int(picked[1].sum())
+        admitted = [] if preempted else self._admit(budget)
+        if admitted:
+            add = np.asarray(admitted, dtype=np.int64).T
+            picked = tuple(np.concatenate([p, a]) for p, a in zip(picked, add, strict=True))
+        if not len(picked[0]):
+            return None
+        at, tokens, computed, prefill, completes, drafts = picked
+        return BatchedStep(at, tokens, computed, prefill.astype(bool), completes.astype(bool), drafts)
+
+    def _running(self, budget: int) -> tuple[np.ndarray, ...] | None:
+        """`VllmV1Scheduler.schedule`'s running loop as arrays, when no request is preempted: each request in order
+        asks for what it lacks (capped below max_model_len), the budget left cuts the first that does not fit and
+        ends the loop; None (the loop in Python decides, preempting) when the free blocks do not cover them all."""
+        state = self.state
+        limit = self.params.max_model_len
+        computed = state[:, COMP]
+        num_tokens = state[:, PLEN] + state[:, EMIT]
+        asks = np.minimum(num_tokens + state[:, SPEC] - computed, limit - computed - 1)
+        asks = np.maximum(asks, 0)  # a request with nothing to run is passed over
+        total = np.cumsum(asks)
+        if total[-1] > budget:  # the first request past the budget gets what is left, and the loop ends there
+            cut = int(np.searchsorted(total, budget, side="right"))
+            asks = asks[: cut + 1].copy()
+            asks[cut] = budget - (int(total[cut - 1]) if cut else 0)
+        rows = np.flatnonzero(asks)
+        new = asks[rows]
+        before = computed[rows]
+        size = self.params.block_size
+        need = np.maximum(-(-np.minimum(before + new, limit) // size) - state[rows, BLOCKS], 0)
+        needed = int(need.sum())
+        if needed > self.free:
+            return None
+        self.free -= needed
+        state[rows, BLOCKS] += need
+        decode = (state[rows, STARTED] == 1) & (before == num_tokens[rows] - 1)
+        drafts = np.where(decode, np.minimum(state[rows, SPEC], new - 1), 0)
+        state[rows, SPEC] = 0
+        return (rows, new, before, ~decode, before + new >= num_tokens[rows], drafts)
+
+    def _running_loop(
+        self, rows: list[list[int]], floats: list[list[float]], budget: int
+    ) -> tuple[tuple[np.ndarray, ...], int, bool]:
+        """`VllmV1Scheduler.schedule`'s running loop over the rows, preemption included."""
+        limit = self.params.max_model_len
+        picked: list[tuple[int, int, int, int, int, int]] = []
+        preempted = False
+        i = 0
+        while i < len(rows) and budget > 0:
+            row = rows[i]
+            num_tokens = row[PLEN] + row[EMIT]
+            new = min(num_tokens + row[SPEC] - row[COMP], budget, limit - row[COMP] - 1)
+            if new <= 0:
+                i += 1
+                continue
+            victim_was_self = False
+            while not self._grow(row, row[COMP] + new):
+                victim = rows.pop()
+                self._preempt(victim, floats.pop(), self.lives.pop())
+                preempted = True
+                if victim is row:
+                    victim_was_self = True
+                    break
+            if victim_was_self:
+                break
+            budget -= new
+            decode = row[STARTED] == 1 and row[COMP] == num_tokens - 1
+            drafts = min(row[SPEC], new - 1) if decode else 0
+            row[SPEC] = 0
+            picked.append((i, new, row[COMP], int(not decode), int(row[COMP] + new >= num_tokens), drafts))
+            i += 1
+        columns = np.asarray(picked, dtype=np.int64).reshape(-1, 6).T
+        return tuple(columns), budget, preempted
+
+    def _preempt(self, row: list[int], floats: list[float], live: Live) -> None:
+        self.free += row[BLOCKS]
+        row[BLOCKS] = 0
+        row[COMP] = 0
+        row[SPEC] = 0
+        live.preemptions += 1
+        self.preemptions += 1
+        self.parked[row[RID]] = (row, floats)
+        self.waiting.appendleft(live)
+
+    def _admit(self, budget: int) -> list[tuple[int, int, int, int, int, int]]:
+        """The waiting queue's admissions (`VllmV1Scheduler.schedule`'s second loop): their rows join `state`."""
+        params = self.params
+        picked: list[tuple[int, int, int, int, int, int]] = []
+        rows: list[list[int]] = []
+        floats: list[list[float]] = []
+        running = len(self.lives)
+        while self.waiting and budget > 0 and running < params.max_num_seqs:
+            live = self.waiting[0]
+            row, fl = self.parked[live.rid]
+            num_tokens = row[PLEN] + row[EMIT]
+            new = num_tokens - row[COMP]
+            if not params.chunked_prefill and new > budget:
+                break
+            new = min(new, budget)
+            if self._blocks_for(num_tokens) - row[BLOCKS] > self.free:  # blocks for the whole sequence
+                break
+            self.waiting.popleft()
+            del self.parked[live.rid]
+            self._grow(row, row[COMP] + new)
+            picked.append((running, new, row[COMP], 1, int(row[COMP] + new >= num_tokens), 0))
+            rows.append(row)
+            floats.append(fl)
+            self.lives.append(live)
+            running += 1
+            budget -= new
+        if rows:
+            self.state = np.concatenate([self.state, np.asarray(rows, dtype=np.int64)])
+            self.floats = np.concatenate([self.floats, np.asarray(floats, dtype=np.float64)])
+        return picked
+
+    # -- 4-5. apply the step, then time it
+
+    def complete(self, step: BatchedStep, start_ms: float, device_ms: float, host_ms: float) -> float:
+        """As `Engine.complete`: verify, draft for the next step, time the step, measure it; returns its end."""
+        meter = self.meter
+        waiting, running_before = len(self.waiting), len(self.lives)
+        state = self.state
+        state[step.rows, COMP] += step.tokens
+        prefill_tokens = int(step.tokens[step.prefill].sum())
+        sampling = step.rows[step.completes]
+        streamed, done, drafts, accepted = self._verify(
+            sampling, step.drafts[step.completes], step.prefill[step.completes]
+        )
+        sampled = sampling[~done]
+        drafting = self._draft(sampled, len(step)) if self.max_k and len(sampled) else 0
+        end = start_ms + device_ms
+        end = end + host_ms
+        draft_ms = self.costs.draft_ms(drafting) if drafting else 0.0
+        if drafting:
+            end = end + draft_ms
+        meter.account(end)  # everyone here now was in the system for the whole step
+        busy = self.floats[:, BUSY]
+        busy[step.rows] = busy[step.rows] + device_ms  # the reference's float additions, one per element, in order
+        busy[step.rows] = busy[step.rows] + host_ms
+        if drafting:
+            busy[step.rows] = busy[step.rows] + draft_ms
+        self._emit(sampling, streamed, end)
+        self._finish(sampling[done], end)
+        meter.step(start_ms, end, len(step))
+        if meter.result.steps is not None:
+            meter.result.steps.append(
+                StepRecord(
+                    start_ms=start_ms,
+                    end_ms=end,
+                    sequences=len(step),
+                    tokens=int(step.tokens.sum()),
+                    prefill_tokens=prefill_tokens,
+                    drafts=drafts,
+                    accepted=accepted,
+                    waiting=waiting,
+                    running=running_before,
+                )
+            )
+        return end
+
+    def _verify(
+        self, rows: np.ndarray, drafts: np.ndarray, prefill: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """Steps 3-5 of `VllmRequest.verify` (and `prefill`) for every request that samples a token this step, from
+        the tables; returns (tokens streamed, done, drafts verified, drafts accepted)."""
+        state = self.state
+        emitted, cap = state[rows, EMIT], state[rows, CAP]
+        known = state[rows, KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
+        match = self.match_all[state[rows, TOFF] + emitted]
+        checked = np.minimum(drafts, known - 1)  # the drafts the trace can answer after
+        kept = np.minimum(checked, match)  # accepted before the one-more rule; it keeps kept + 1 answers
+        accepted = np.minimum(np.minimum(drafts, match), known)  # ... and with it (the next draft equals the answer)
+        tail = (checked < drafts) & (match > checked)
+        reach = np.minimum(kept + 1, state[rows, TLEN] - emitted)  # answers before the trace's EOS
+        room = cap - emitted
+        landed = np.minimum(reach, room)
+        eos = (reach <= kept) & (reach < room)  # the EOS was among the kept answers, and the cap did not come first
+        after = emitted + landed
+        done = eos | (after >= cap)
+        # A first prefill samples the trace's first token (never an EOS; the cap is >= 1): the formulas give it
+        # with no drafts (landed 1, position 1), but it is not a verify in vLLM's counters nor in the action log.
+        verifies = ~(prefill & (state[rows, STARTED] == 0))
+        state[rows, STARTED] = 1
+        state[rows, NVER] += verifies
+        state[rows, POS] = emitted + kept + 1
+        state[rows, EMIT] = after
+        state[rows, COMP] = state[rows, PLEN] + after - 1  # the rejected drafts' KV is dropped
+        state[rows, UNK] += tail & (accepted < drafts)
+        state[rows, UTAIL] |= tail
+        state[rows, EOS] = eos
+        state[rows, DRAFTED] += drafts
+        state[rows, ACCEPTED] += accepted
+        logged = rows[verifies]
+        self.book.verifies.add(
+            state[logged, RID], drafts[verifies], accepted[verifies], landed[verifies], emitted[verifies]
+        )
+        return landed + eos, done, int(drafts.sum()), int(accepted.sum())
+
+    def _draft(self, rows: np.ndarray, batch: int) -> int:
+        """Step 5: the policy's K for a step of `batch` requests, and each request's proposal length under it (at
+        most K, what the index finds, and the room below max_model_len); returns how many draft (K > 0)."""
+        state = self.state
+        emitted = state[rows, EMIT]
+        room = self.params.max_model_len - (state[rows, PLEN] + emitted) - 1
+        capped = np.minimum(room, self.max_k)
+        found = self.avail_all[state[rows, TOFF] + emitted]
+        available = np.where(capped > 0, np.minimum(found, capped), 0)
+        k = self.k_at(batch)
+        state[rows, AVAIL] = available
+        state[rows, K] = np.minimum(room, k)
+        state[rows, SPEC] = np.minimum(available, k)
+        self.book.lookups.add(state[rows, RID], state[rows, NVER], state[rows, SPEC])
+        counts = self.meter.result.k_counts
+        counts[k] = counts.get(k, 0) + len(rows)
+        return int((state[rows, K] > 0).sum())
+
+    def _emit(self, rows: np.ndarray, streamed: np.ndarray, end: float) -> None:
+        """The step's tokens land at its end: each request's first token time, and the book's emits."""
+        out = streamed > 0
+        landed = rows[out]
+        first = self.floats[landed, FIRST]
+        self.floats[landed, FIRST] = np.where(np.isnan(first), end, first)
+        step = len(self.book.step_ends)
+        self.book.step_ends.append(end)
+        self.book.emits.add(self.state[landed, RID], np.full(len(landed), step, dtype=np.int64), streamed[out])
+
+    def _finish(self, rows: np.ndarray, end: float) -> None:
+        """Finished requests leave at the step's end: their blocks back, their last state onto their `Live`."""
+        if not len(rows):
+            return
+        for i in rows.tolist():
+            row, floats, live = self.state[i].tolist(), self.floats[i].tolist(), self.lives[i]
+            live.finish_ms = end
+            live.computed, live.k, live.available = row[COMP], row[K], row[AVAIL]
+            live.started, live.drafted, live.accepted = True, row[DRAFTED], row[ACCEPTED]
+            live.busy_ms, live.first_ms = floats[BUSY], floats[FIRST]
+            self.free += row[BLOCKS]
+            self.book.final[live.rid] = {
+                "emitted": row[EMIT],
+                "position": row[POS],
+                "eos": row[EOS],
+                "unknown_steps": row[UNK],
+                "unknown_tail": row[UTAIL],
+                "answers": self.tables[id(live.trace)][1].answers,
+            }
+            self.policy.finish(live.rid)
+            self.meter.leave()
+        for i in sorted(rows.tolist(), reverse=True):
+            del self.lives[i]
+        keep = np.ones(len(self.state), dtype=bool)
+        keep[rows] = False
+        self.state, self.floats = self.state[keep], self.floats[keep]
+
+    def ended(self) -> ServingResult:
+        """The run's result, once every request has finished; each request's records are built when read."""
+        self.book.closed = True
+        result = self.meter.ended(self.preemptions)
+        result.emit_log = self.book.emit_log
+        return result
