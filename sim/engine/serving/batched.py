@@ -163,6 +163,8 @@ class BatchedEngine:
         self.tables: dict[int, tuple[Trace, TraceTable, int]] = {}  # id(trace) -> (trace, its tables, offset)
         self.avail_all = np.zeros(0, dtype=np.int64)
         self.match_all = np.zeros(0, dtype=np.int64)
+        self._accepted = 0  # the last step's accepted drafts
+        self._drafting = 0  # and the requests drafting after it
 
     @property
     def result(self) -> ServingResult:
@@ -193,7 +195,8 @@ class BatchedEngine:
             else:  # nothing is drafted: the tables are never read past their zeros
                 zeros = np.zeros(len(trace.tokens) + 1, dtype=np.int64)
                 answers = answers_of(trace)
-                table = TraceTable(avail=zeros, match=zeros, answers=answers, known_total=len(answers))
+                prompt = len(trace.prompt_tokens)
+                table = TraceTable(avail=zeros, match=zeros, answers=answers, known_total=len(answers), prompt=prompt)
             offset = len(self.avail_all)
             self.avail_all = np.concatenate([self.avail_all, table.avail])
             self.match_all = np.concatenate([self.match_all, table.match])
@@ -210,7 +213,8 @@ class BatchedEngine:
         """As `Engine.arrive`: a request at the back of the waiting queue, in the system from its arrival."""
         at_ms = arrival.time_s * 1000.0 if sent_ms is None else sent_ms
         trace = arrival.trace
-        self.checks.check_request(trace)
+        if id(trace) not in self.tables:  # a trace seen before passed the check (`check`, or its first arrival)
+            self.checks.check_request(trace)
         cap = trace.max_tokens
         if self.max_tokens is not None:
             if cap is not None and self.max_tokens > cap:
@@ -218,9 +222,9 @@ class BatchedEngine:
             cap = self.max_tokens
         table, offset = self._table(trace)
         rid = len(self.meter.result.requests)
-        prompt = len(trace.prompt_tokens)
+        prompt = table.prompt
         row = [0] * COLUMNS
-        row[RID], row[PLEN], row[TLEN] = rid, prompt, len(trace.tokens)
+        row[RID], row[PLEN], row[TLEN] = rid, prompt, len(table.avail) - 1
         row[TOFF], row[KNOWN0] = offset, table.known_total
         # VllmRequest's cap: max_tokens, and the positions left below max_model_len.
         row[CAP] = min(cap if cap is not None else NO_CAP, self.params.max_model_len - prompt)
@@ -283,26 +287,33 @@ class BatchedEngine:
         computed = state[:, COMP]
         num_tokens = state[:, PLEN] + state[:, EMIT]
         asks = np.minimum(num_tokens + state[:, SPEC] - computed, limit - computed - 1)
-        asks = np.maximum(asks, 0)  # a request with nothing to run is passed over
-        total = np.cumsum(asks)
-        if total[-1] > budget:  # the first request past the budget gets what is left, and the loop ends there
-            cut = int(np.searchsorted(total, budget, side="right"))
-            asks = asks[: cut + 1].copy()
-            asks[cut] = budget - (int(total[cut - 1]) if cut else 0)
-        rows = np.flatnonzero(asks)
-        new = asks[rows]
-        before = computed[rows]
-        size = self.params.block_size
-        need = np.maximum(-(-np.minimum(before + new, limit) // size) - state[rows, BLOCKS], 0)
+        if int(asks.sum()) <= budget and asks.min() > 0:  # the common step: every request runs all it asks
+            rows = np.arange(len(state))
+            cols, new = state, asks
+        else:
+            asks = np.maximum(asks, 0)  # a request with nothing to run is passed over
+            total = np.cumsum(asks)
+            if total[-1] > budget:  # the first request past the budget gets what is left, and the loop ends there
+                cut = int(np.searchsorted(total, budget, side="right"))
+                asks = asks[: cut + 1].copy()
+                asks[cut] = budget - (int(total[cut - 1]) if cut else 0)
+            rows = np.flatnonzero(asks)
+            cols, new, num_tokens = state[rows], asks[rows], num_tokens[rows]
+        before = cols[:, COMP].copy()
+        need = np.maximum(-(-np.minimum(before + new, limit) // self.params.block_size) - cols[:, BLOCKS], 0)
         needed = int(need.sum())
         if needed > self.free:
             return None
         self.free -= needed
-        state[rows, BLOCKS] += need
-        decode = (state[rows, STARTED] == 1) & (before == num_tokens[rows] - 1)
-        drafts = np.where(decode, np.minimum(state[rows, SPEC], new - 1), 0)
-        state[rows, SPEC] = 0
-        return (rows, new, before, ~decode, before + new >= num_tokens[rows], drafts)
+        decode = (cols[:, STARTED] == 1) & (before == num_tokens - 1)
+        drafts = np.where(decode, np.minimum(cols[:, SPEC], new - 1), 0)
+        if cols is state:
+            state[:, BLOCKS] += need
+            state[:, SPEC] = 0  # the drafts go into this step (a budget that cut them leaves the rest unasked)
+        else:
+            state[rows, BLOCKS] += need
+            state[rows, SPEC] = 0
+        return (rows, new, before, ~decode, before + new >= num_tokens, drafts)
 
     def _running_loop(
         self, rows: list[list[int]], floats: list[list[float]], budget: int
@@ -385,27 +396,39 @@ class BatchedEngine:
         """As `Engine.complete`: verify, draft for the next step, time the step, measure it; returns its end."""
         meter = self.meter
         waiting, running_before = len(self.waiting), len(self.lives)
-        state = self.state
-        state[step.rows, COMP] += step.tokens
+        whole = len(step) == len(self.state)  # the step runs every request: its rows are 0..n-1, in order
+        if whole:
+            self.state[:, COMP] += step.tokens
+        else:
+            self.state[step.rows, COMP] += step.tokens
         prefill_tokens = int(step.tokens[step.prefill].sum())
-        sampling = step.rows[step.completes]
-        streamed, done, drafts, accepted = self._verify(
-            sampling, step.drafts[step.completes], step.prefill[step.completes]
-        )
-        sampled = sampling[~done]
-        drafting = self._draft(sampled, len(step)) if self.max_k and len(sampled) else 0
+        completes = step.completes
+        every = completes.all()
+        sampling = step.rows if every else step.rows[completes]
+        drafts = step.drafts if every else step.drafts[completes]
+        prefill = step.prefill if every else step.prefill[completes]
+        streamed, done, firsts = self._verify(sampling, drafts, prefill, len(step))
+        drafting = self._drafting
         end = start_ms + device_ms
         end = end + host_ms
         draft_ms = self.costs.draft_ms(drafting) if drafting else 0.0
         if drafting:
             end = end + draft_ms
         meter.account(end)  # everyone here now was in the system for the whole step
+        # The reference's float additions, one per element and in its order: device, host, then drafting.
         busy = self.floats[:, BUSY]
-        busy[step.rows] = busy[step.rows] + device_ms  # the reference's float additions, one per element, in order
-        busy[step.rows] = busy[step.rows] + host_ms
-        if drafting:
-            busy[step.rows] = busy[step.rows] + draft_ms
-        self._emit(sampling, streamed, end)
+        if whole:
+            busy += device_ms
+            busy += host_ms
+            if drafting:
+                busy += draft_ms
+        else:
+            busy[step.rows] = busy[step.rows] + device_ms
+            busy[step.rows] = busy[step.rows] + host_ms
+            if drafting:
+                busy[step.rows] = busy[step.rows] + draft_ms
+        self.floats[firsts, FIRST] = end  # a request's first token is its first prefill's
+        self.book.emitted(self.state[sampling, RID], streamed, end)
         self._finish(sampling[done], end)
         meter.step(start_ms, end, len(step))
         if meter.result.steps is not None:
@@ -416,8 +439,8 @@ class BatchedEngine:
                     sequences=len(step),
                     tokens=int(step.tokens.sum()),
                     prefill_tokens=prefill_tokens,
-                    drafts=drafts,
-                    accepted=accepted,
+                    drafts=int(drafts.sum()),
+                    accepted=self._accepted,
                     waiting=waiting,
                     running=running_before,
                 )
@@ -425,19 +448,23 @@ class BatchedEngine:
         return end
 
     def _verify(
-        self, rows: np.ndarray, drafts: np.ndarray, prefill: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        self, rows: np.ndarray, drafts: np.ndarray, prefill: np.ndarray, batch: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Steps 3-5 of `VllmRequest.verify` (and `prefill`) for every request that samples a token this step, from
-        the tables; returns (tokens streamed, done, drafts verified, drafts accepted)."""
+        the tables, then step 5 (`_draft`) for those that go on; returns (tokens streamed, done, the rows that made
+        their first token)."""
         state = self.state
-        emitted, cap = state[rows, EMIT], state[rows, CAP]
-        known = state[rows, KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
-        match = self.match_all[state[rows, TOFF] + emitted]
+        whole = len(rows) == len(state)
+        sub = state if whole else state[rows]  # a copy of the rows (written back below), or the state itself
+        emitted = sub[:, EMIT].copy()
+        cap = sub[:, CAP]
+        known = sub[:, KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
+        match = self.match_all[sub[:, TOFF] + emitted]
         checked = np.minimum(drafts, known - 1)  # the drafts the trace can answer after
         kept = np.minimum(checked, match)  # accepted before the one-more rule; it keeps kept + 1 answers
         accepted = np.minimum(np.minimum(drafts, match), known)  # ... and with it (the next draft equals the answer)
         tail = (checked < drafts) & (match > checked)
-        reach = np.minimum(kept + 1, state[rows, TLEN] - emitted)  # answers before the trace's EOS
+        reach = np.minimum(kept + 1, sub[:, TLEN] - emitted)  # answers before the trace's EOS
         room = cap - emitted
         landed = np.minimum(reach, room)
         eos = (reach <= kept) & (reach < room)  # the EOS was among the kept answers, and the cap did not come first
@@ -445,57 +472,60 @@ class BatchedEngine:
         done = eos | (after >= cap)
         # A first prefill samples the trace's first token (never an EOS; the cap is >= 1): the formulas give it
         # with no drafts (landed 1, position 1), but it is not a verify in vLLM's counters nor in the action log.
-        verifies = ~(prefill & (state[rows, STARTED] == 0))
-        state[rows, STARTED] = 1
-        state[rows, NVER] += verifies
-        state[rows, POS] = emitted + kept + 1
-        state[rows, EMIT] = after
-        state[rows, COMP] = state[rows, PLEN] + after - 1  # the rejected drafts' KV is dropped
-        state[rows, UNK] += tail & (accepted < drafts)
-        state[rows, UTAIL] |= tail
-        state[rows, EOS] = eos
-        state[rows, DRAFTED] += drafts
-        state[rows, ACCEPTED] += accepted
-        logged = rows[verifies]
-        self.book.verifies.add(
-            state[logged, RID], drafts[verifies], accepted[verifies], landed[verifies], emitted[verifies]
-        )
-        return landed + eos, done, int(drafts.sum()), int(accepted.sum())
+        firsts = prefill & (sub[:, STARTED] == 0)
+        verifies = ~firsts
+        sub[:, STARTED] = 1
+        sub[:, NVER] += verifies
+        sub[:, POS] = emitted + kept + 1
+        sub[:, EMIT] = after
+        sub[:, COMP] = sub[:, PLEN] + after - 1  # the rejected drafts' KV is dropped
+        sub[:, UNK] += tail & (accepted < drafts)
+        sub[:, UTAIL] |= tail
+        sub[:, EOS] = eos
+        sub[:, DRAFTED] += drafts
+        sub[:, ACCEPTED] += accepted
+        self._accepted = int(accepted.sum())
+        if firsts.any():
+            self.book.verifies.add(sub[verifies, RID], *(a[verifies] for a in (drafts, accepted, landed, emitted)))
+        else:
+            self.book.verifies.add(sub[:, RID], drafts, accepted, landed, emitted)
+        self._drafting = self._draft(sub, after, done, batch) if self.max_k else 0
+        if not whole:
+            state[rows] = sub
+        return landed + eos, done, rows[firsts]
 
-    def _draft(self, rows: np.ndarray, batch: int) -> int:
-        """Step 5: the policy's K for a step of `batch` requests, and each request's proposal length under it (at
-        most K, what the index finds, and the room below max_model_len); returns how many draft (K > 0)."""
-        state = self.state
-        emitted = state[rows, EMIT]
-        room = self.params.max_model_len - (state[rows, PLEN] + emitted) - 1
-        capped = np.minimum(room, self.max_k)
-        found = self.avail_all[state[rows, TOFF] + emitted]
-        available = np.where(capped > 0, np.minimum(found, capped), 0)
+    def _draft(self, sub: np.ndarray, emitted: np.ndarray, done: np.ndarray, batch: int) -> int:
+        """Step 5 for the requests of `sub` that go on (not `done`: a finished request keeps its last K and
+        proposal length): the policy's K for a step of `batch` requests, and each one's proposal length under it
+        (at most K, what the index finds, and the room below max_model_len); returns how many draft (K > 0)."""
+        room = self.params.max_model_len - (sub[:, PLEN] + emitted) - 1
+        found = self.avail_all[sub[:, TOFF] + emitted]
+        available = np.maximum(np.minimum(found, np.minimum(room, self.max_k)), 0)  # none without room
         k = self.k_at(batch)
-        state[rows, AVAIL] = available
-        state[rows, K] = np.minimum(room, k)
-        state[rows, SPEC] = np.minimum(available, k)
-        self.book.lookups.add(state[rows, RID], state[rows, NVER], state[rows, SPEC])
-        counts = self.meter.result.k_counts
-        counts[k] = counts.get(k, 0) + len(rows)
-        return int((state[rows, K] > 0).sum())
-
-    def _emit(self, rows: np.ndarray, streamed: np.ndarray, end: float) -> None:
-        """The step's tokens land at its end: each request's first token time, and the book's emits."""
-        out = streamed > 0
-        landed = rows[out]
-        first = self.floats[landed, FIRST]
-        self.floats[landed, FIRST] = np.where(np.isnan(first), end, first)
-        step = len(self.book.step_ends)
-        self.book.step_ends.append(end)
-        self.book.emits.add(self.state[landed, RID], np.full(len(landed), step, dtype=np.int64), streamed[out])
+        ks = np.minimum(room, k)
+        spec = np.minimum(available, k)
+        going = ~done
+        if done.any():
+            sub[going, AVAIL], sub[going, K], sub[going, SPEC] = available[going], ks[going], spec[going]
+            self.book.lookups.add(sub[going, RID], sub[going, NVER], spec[going])
+            drafting = int(np.count_nonzero(ks[going] > 0))
+        else:
+            sub[:, AVAIL], sub[:, K], sub[:, SPEC] = available, ks, spec
+            self.book.lookups.add(sub[:, RID], sub[:, NVER], spec)
+            drafting = int(np.count_nonzero(ks > 0))
+        handed = int(np.count_nonzero(going))
+        if handed:  # the K handed out to each request that drafts for the next step (`Meter.handed_out`)
+            counts = self.meter.result.k_counts
+            counts[k] = counts.get(k, 0) + handed
+        return drafting
 
     def _finish(self, rows: np.ndarray, end: float) -> None:
         """Finished requests leave at the step's end: their blocks back, their last state onto their `Live`."""
         if not len(rows):
             return
-        for i in rows.tolist():
-            row, floats, live = self.state[i].tolist(), self.floats[i].tolist(), self.lives[i]
+        at = rows.tolist()
+        for i, row, floats in zip(at, self.state[rows].tolist(), self.floats[rows].tolist(), strict=True):
+            live = self.lives[i]
             live.finish_ms = end
             live.computed, live.k, live.available = row[COMP], row[K], row[AVAIL]
             live.started, live.drafted, live.accepted = True, row[DRAFTED], row[ACCEPTED]
@@ -511,7 +541,7 @@ class BatchedEngine:
             }
             self.policy.finish(live.rid)
             self.meter.leave()
-        for i in sorted(rows.tolist(), reverse=True):
+        for i in reversed(at):  # rows are in ascending order
             del self.lives[i]
         keep = np.ones(len(self.state), dtype=bool)
         keep[rows] = False

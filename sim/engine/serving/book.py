@@ -27,16 +27,24 @@ class Log:
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, *columns: np.ndarray) -> None:
-        self.blocks.append(np.stack(columns, axis=1))
+        self.blocks.append(np.array(columns, dtype=np.int64))  # a copy: the state's columns change after
+
+    def rows(self) -> np.ndarray:
+        """Every row, in the order added."""
+        if not self.blocks:
+            return np.zeros((0, self.columns), dtype=np.int64)
+        return np.concatenate(self.blocks, axis=1).T
 
     def frozen(self, requests: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows sorted by request, start of each request's rows: request r owns rows starts[r]:starts[r + 1])."""
         if self._sorted is None:
-            rows = np.concatenate(self.blocks) if self.blocks else np.zeros((0, self.columns), dtype=np.int64)
-            rows = rows[np.argsort(rows[:, 0], kind="stable")]
-            starts = np.searchsorted(rows[:, 0], np.arange(requests + 1))
-            self._sorted = (rows, starts)
+            self._sorted = by_request(self.rows(), requests)
         return self._sorted
+
+
+def by_request(rows: np.ndarray, requests: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = rows[np.argsort(rows[:, 0], kind="stable")]
+    return rows, np.searchsorted(rows[:, 0], np.arange(requests + 1))
 
 
 class Book:
@@ -45,22 +53,43 @@ class Book:
     def __init__(self) -> None:
         self.verifies = Log(5)  # rid, drafts verified, accepted, landed, emitted before
         self.lookups = Log(3)  # rid, verifies before it (its action index), drafts kept
-        self.emits = Log(3)  # rid, step number, tokens streamed
+        self.emits = Log(2)  # rid, tokens streamed: one block per step
         self.step_ends: list[float] = []
         self.final: dict[int, dict[str, Any]] = {}  # rid -> its last state (batched.py's `finished`)
         self.requests = 0
         self.closed = False
+        self._emits: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def emitted(self, rids: np.ndarray, streamed: np.ndarray, end: float) -> None:
+        """A step that ended at `end` streamed `streamed` tokens to each of `rids` (some may be 0)."""
+        out = streamed > 0
+        if out.all():
+            self.emits.add(rids, streamed)
+        else:
+            self.emits.add(rids[out], streamed[out])
+        self.step_ends.append(end)
+
+    def _emit_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(request, time, tokens) of every emit, by request then step, and where each request's emits start."""
+        if self._emits is None:
+            rows = self.emits.rows()
+            sizes = [block.shape[1] for block in self.emits.blocks]
+            times = np.repeat(np.asarray(self.step_ends, dtype=np.float64), sizes)
+            order = np.argsort(rows[:, 0], kind="stable")
+            rids = rows[order, 0]
+            starts = np.searchsorted(rids, np.arange(self.requests + 1))
+            self._emits = (rids, times[order], rows[order, 1], starts)
+        return self._emits
 
     def emit_log(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, time, tokens) of every emit, by request then step: what `summarize` reads."""
-        rows, _ = self.emits.frozen(self.requests)
-        times = np.asarray(self.step_ends, dtype=np.float64)
-        return rows[:, 0], times[rows[:, 1]], rows[:, 2]
+        rids, times, streamed, _ = self._emit_arrays()
+        return rids, times, streamed
 
     def emits_of(self, rid: int) -> list[tuple[float, int]]:
-        rows, starts = self.emits.frozen(self.requests)
-        mine = rows[starts[rid] : starts[rid + 1]]
-        return list(zip([self.step_ends[s] for s in mine[:, 1].tolist()], mine[:, 2].tolist(), strict=True))
+        _, times, streamed, starts = self._emit_arrays()
+        mine = slice(starts[rid], starts[rid + 1])
+        return list(zip(times[mine].tolist(), streamed[mine].tolist(), strict=True))
 
     def request_of(self, live: Live, make: Callable[[Live], VllmRequest]) -> VllmRequest:
         """`live`'s `VllmRequest` as the reference form leaves it when the request has finished."""

@@ -35,6 +35,7 @@ class TraceTable:
     match: np.ndarray  # int64, e = 0..T
     answers: tuple[int, ...]  # what the target answers at positions 0..known_total-1
     known_total: int  # answers a fresh target has left (`TraceTarget.answers_left` at position 0)
+    prompt: int  # prompt tokens
 
 
 def answers_of(trace: Trace) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def tabulate(trace: Trace, index: PromptLookup, max_k: int) -> TraceTable:
         drafted = context[np.where(alive, begin + i, 0)]
         alive &= drafted == said[positions + i]
         match += alive
-    return TraceTable(avail=avail, match=match, answers=answers, known_total=len(answers))
+    return TraceTable(avail=avail, match=match, answers=answers, known_total=len(answers), prompt=prompt)
 
 
 # Tables per drafter index (shared read-only across runs: sim.rows.replay caches the indexes), per max_k and trace.
