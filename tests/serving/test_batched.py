@@ -98,12 +98,21 @@ def assert_same(reference, batched) -> None:
         assert r.target.position == s.target.position
 
 
-def both(policy, costs, scheduler, drafter, arrivals, driver=recurrence, max_tokens=None, max_concurrency=None):
+def both(
+    policy, costs, scheduler, drafter, arrivals, driver=recurrence, max_tokens=None, max_concurrency=None, small=None
+):
+    """The reference form's run and the batched form's, the latter with rows as Python lists up to `small` running
+    requests (0: arrays whenever any run; a large number: lists always; None: the class's own line)."""
     results = []
     for form in (Engine, BatchedEngine):
         engine = form(make_speculation(*policy), costs, scheduler, drafter, keep_steps=True, max_tokens=max_tokens)
+        if small is not None and isinstance(engine, BatchedEngine):
+            engine.small = small
         results.append(driver(engine, arrivals, None, max_concurrency))
     return results
+
+
+SMALL = st.sampled_from([None, 0, 3, 1 << 20])  # where the batched form switches between lists and arrays
 
 
 # ---------------------------------------------------------------- synthetic traces
@@ -187,8 +196,9 @@ def test_batched_equals_reference_on_synthetic_traces_and_random_settings(data):
     concurrency = data.draw(st.one_of(st.none(), st.integers(1, 6)))
     caps = [t.max_tokens for t in pool if t.max_tokens is not None]
     max_tokens = data.draw(st.one_of(st.none(), st.integers(1, min(caps, default=50))))
+    small = data.draw(SMALL)
     reference, batched = both(
-        policy, ProfileCosts(CPU_LIKE), scheduler, drafter, arrivals, driver, max_tokens, concurrency
+        policy, ProfileCosts(CPU_LIKE), scheduler, drafter, arrivals, driver, max_tokens, concurrency, small
     )
     assert_same(reference, batched)
     requests = [live.request for live in reference.requests]
@@ -198,15 +208,16 @@ def test_batched_equals_reference_on_synthetic_traces_and_random_settings(data):
     event(f"accepted drafts: {any(r.counters.num_accepted_tokens for r in requests)}")
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rate=st.sampled_from([2.0, 12.0, 40.0]),
     seed=st.integers(0, 1000),
     policy=POLICIES,
     small=st.booleans(),
     profile=st.sampled_from(["cpu-like", "h100-llama-3-8b"]),
+    lists=SMALL,
 )
-def test_batched_equals_reference_on_recorded_traces_under_load(traces, rate, seed, policy, small, profile):
+def test_batched_equals_reference_on_recorded_traces_under_load(traces, rate, seed, policy, small, profile, lists):
     # A small KV cache in blocks of 16 and a small budget force preemption, chunked prefill and truncated drafts.
     scheduler = (
         SchedulerParams(kv_cache_tokens=4096, block_size=16, max_num_batched_tokens=256, max_num_seqs=48)
@@ -215,18 +226,21 @@ def test_batched_equals_reference_on_recorded_traces_under_load(traces, rate, se
     )
     costs = ProfileCosts(CPU_LIKE if profile == "cpu-like" else read_serving_profile(profile))
     arrivals = generated(traces, rate=rate, requests=60, seed=seed)
-    reference, batched = both(policy, costs, scheduler, drafter_of((1, 4)), arrivals)
+    reference, batched = both(policy, costs, scheduler, drafter_of((1, 4)), arrivals, small=lists)
     assert_same(reference, batched)
 
 
-def test_under_preemption_every_request_emits_its_trace_and_simpy_equals_the_recurrence(traces):
+@pytest.mark.parametrize("small", [0, 1 << 20], ids=["arrays", "lists"])
+def test_under_preemption_every_request_emits_its_trace_and_simpy_equals_the_recurrence(traces, small):
     arrivals = generated(traces, rate=12.0, requests=140, seed=3)
     scheduler = SchedulerParams(kv_cache_tokens=4096, block_size=16, max_num_batched_tokens=512)
-    runs = [
-        driver(BatchedEngine(make_speculation("static", {"k": 5}), ProfileCosts(CPU_LIKE), scheduler,
-                             drafter_of((1, 4)), keep_steps=True), arrivals)
-        for driver in (simulate, recurrence)
-    ]  # fmt: skip
+    runs = []
+    for driver in (simulate, recurrence):
+        engine = BatchedEngine(
+            make_speculation("static", {"k": 5}), ProfileCosts(CPU_LIKE), scheduler, drafter_of((1, 4)), keep_steps=True
+        )
+        engine.small = small
+        runs.append(driver(engine, arrivals))
     by_simpy, by_loop = runs
     assert by_simpy.preemptions > 0
     for live in by_simpy.requests:
@@ -240,7 +254,7 @@ def test_under_preemption_every_request_emits_its_trace_and_simpy_equals_the_rec
 
 @pytest.mark.parametrize("policy", [("static", {"k": 4}), ("trtllm", {}), ("none", {})], ids=lambda p: p[0])
 def test_rows_are_the_same_bytes_from_either_form(traces, policy):
-    arrivals = generated(traces, rate=30.0, requests=120, seed=5)
+    arrivals = generated(traces, rate=60.0, requests=160, seed=5)  # a batch that crosses the lists' line
     rows = []
     for form in ("reference", "batched"):
         row, _ = run_serving(

@@ -30,21 +30,41 @@ from sim.core.protocols import Drafter, SpeculationPolicy
 from sim.core.protocols import Engine as ReplayEngine
 from sim.engine.engines import SERVING_ENGINE, engine_named
 from sim.engine.serving.book import BatchedLive, Book
+from sim.engine.serving.columns import (
+    ACCEPTED,
+    AVAIL,
+    BLOCKS,
+    BUSY,
+    CAP,
+    COLUMNS,
+    COMP,
+    DRAFTED,
+    EMIT,
+    EOS,
+    FIRST,
+    KNOWN0,
+    NVER,
+    PLEN,
+    POS,
+    RID,
+    SPEC,
+    STARTED,
+    TLEN,
+    TOFF,
+    UNK,
+    UTAIL,
+    K,
+)
 from sim.engine.serving.engine import Engine
 from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
 from sim.engine.serving.pricing import ProfileCosts, StepCosts
 from sim.engine.serving.requests import Arrival, Live
+from sim.engine.serving.small import Entry, RowStep, complete_rows, verify_rows
 from sim.engine.serving.tables import TraceTable, answers_of, table_for, tabulable
 from sim.engine.serving.vllm_v1 import SchedulerParams, VllmV1Scheduler
 from sim.engine.serving_costs import StepShape
 from sim.engine.trace import Trace
 from sim.engine.vllm import VllmRequest
-
-# A running request's row: its integer state (vLLM's and the verify's), and where its trace's tables start.
-(RID, PLEN, TLEN, EMIT, COMP, SPEC, K, BLOCKS, STARTED, CAP, TOFF, KNOWN0, NVER) = range(13)
-(DRAFTED, ACCEPTED, AVAIL, POS, UNK, UTAIL, EOS) = range(13, 20)
-COLUMNS = 20
-BUSY, FIRST = 0, 1  # its float state: time in steps (added step by step, as the reference adds it), first token
 
 
 def uniform_k(policy: SpeculationPolicy) -> Callable[[int], int] | None:
@@ -132,6 +152,10 @@ class BatchedEngine:
     """The engine of engine.py with vLLM V1's scheduler, batched (module docstring): the same interface to the
     drivers (`check`, `arrive`, `schedule`, `complete`, `ended`)."""
 
+    # Up to this many requests a step's schedule and verify run row by row in Python (`_running_loop`, small.py):
+    # cheaper than numpy's cost per call for a few requests. Both paths are held equal to the reference.
+    small = 24
+
     def __init__(
         self,
         policy: SpeculationPolicy,
@@ -155,6 +179,11 @@ class BatchedEngine:
         self.state = np.zeros((0, COLUMNS), dtype=np.int64)
         self.floats = np.zeros((0, 2), dtype=np.float64)
         self.lives: list[Live] = []
+        # The rows as Python lists while few run (`small`), as arrays above (`_pick_mode`).
+        self.arrays = False
+        self.rows: list[list[int]] = []
+        self.fls: list[list[float]] = []
+        self._waiting = self._running_before = 0  # the queue and the batch when the step being applied started
         self.waiting: deque[Live] = deque()
         self.parked: dict[int, tuple[list[int], list[float]]] = {}  # a waiting request's row
         self.free = scheduler.blocks
@@ -163,6 +192,8 @@ class BatchedEngine:
         self.tables: dict[int, tuple[Trace, TraceTable, int]] = {}  # id(trace) -> (trace, its tables, offset)
         self.avail_all = np.zeros(0, dtype=np.int64)
         self.match_all = np.zeros(0, dtype=np.int64)
+        self.avail_list: list[int] = []  # the same, as Python integers for small.py
+        self.match_list: list[int] = []
         self._accepted = 0  # the last step's accepted drafts
         self._drafting = 0  # and the requests drafting after it
 
@@ -183,7 +214,8 @@ class BatchedEngine:
         return not self.lives and not self.waiting
 
     def _computed(self, rid: int) -> int:
-        return int(self.state[self.state[:, RID] == rid, COMP][0])
+        rows = self.state.tolist() if self.arrays else self.rows
+        return next(row[COMP] for row in rows if row[RID] == rid)
 
     # -- 1. arrivals
 
@@ -200,6 +232,7 @@ class BatchedEngine:
             offset = len(self.avail_all)
             self.avail_all = np.concatenate([self.avail_all, table.avail])
             self.match_all = np.concatenate([self.match_all, table.match])
+            self.avail_list, self.match_list = self.avail_all.tolist(), self.match_all.tolist()
             known = self.tables[id(trace)] = (trace, table, offset)  # the trace is kept: its id stays its own
         return known[1], known[2]
 
@@ -257,14 +290,21 @@ class BatchedEngine:
         row[BLOCKS] += need
         return True
 
-    def schedule(self) -> BatchedStep | None:
+    def schedule(self) -> BatchedStep | RowStep | None:
         """Step 2 of vllm_v1.py's docstring; None when nothing can run."""
         budget = self.params.max_num_batched_tokens
-        picked = self._running(budget) if len(self.lives) else None
+        self._pick_mode(len(self.lives))
+        if not self.arrays:
+            entries, budget, preempted = self._running_loop(self.rows, self.fls, budget)
+            if not preempted:
+                entries += self._admit(budget)
+            return RowStep(entries) if entries else None
+        picked = self._running(budget)
         preempted = False
         if picked is None:
             rows, floats = self.state.tolist(), self.floats.tolist()
-            picked, budget, preempted = self._running_loop(rows, floats, budget)
+            looped, budget, preempted = self._running_loop(rows, floats, budget)
+            picked = tuple(np.asarray(looped, dtype=np.int64).reshape(-1, 6).T)
             self.state = np.asarray(rows, dtype=np.int64).reshape(-1, COLUMNS)
             self.floats = np.asarray(floats, dtype=np.float64).reshape(-1, 2)
         else:
@@ -277,6 +317,18 @@ class BatchedEngine:
             return None
         at, tokens, computed, prefill, completes, drafts = picked
         return BatchedStep(at, tokens, computed, prefill.astype(bool), completes.astype(bool), drafts)
+
+    def _pick_mode(self, running: int) -> None:
+        """Rows as arrays above `small` running requests, as Python lists at or below half of it (between, as
+        they were: a batch near the line does not convert back and forth)."""
+        if self.arrays and running <= self.small // 2:
+            self.rows, self.fls = self.state.tolist(), self.floats.tolist()
+            self.arrays = False
+        elif not self.arrays and running > self.small:
+            self.state = np.asarray(self.rows, dtype=np.int64).reshape(-1, COLUMNS)
+            self.floats = np.asarray(self.fls, dtype=np.float64).reshape(-1, 2)
+            self.rows, self.fls = [], []
+            self.arrays = True
 
     def _running(self, budget: int) -> tuple[np.ndarray, ...] | None:
         """`VllmV1Scheduler.schedule`'s running loop as arrays, when no request is preempted: each request in order
@@ -317,10 +369,10 @@ class BatchedEngine:
 
     def _running_loop(
         self, rows: list[list[int]], floats: list[list[float]], budget: int
-    ) -> tuple[tuple[np.ndarray, ...], int, bool]:
+    ) -> tuple[list[Entry], int, bool]:
         """`VllmV1Scheduler.schedule`'s running loop over the rows, preemption included."""
         limit = self.params.max_model_len
-        picked: list[tuple[int, int, int, int, int, int]] = []
+        picked: list[Entry] = []
         preempted = False
         i = 0
         while i < len(rows) and budget > 0:
@@ -346,8 +398,7 @@ class BatchedEngine:
             row[SPEC] = 0
             picked.append((i, new, row[COMP], int(not decode), int(row[COMP] + new >= num_tokens), drafts))
             i += 1
-        columns = np.asarray(picked, dtype=np.int64).reshape(-1, 6).T
-        return tuple(columns), budget, preempted
+        return picked, budget, preempted
 
     def _preempt(self, row: list[int], floats: list[float], live: Live) -> None:
         self.free += row[BLOCKS]
@@ -359,10 +410,10 @@ class BatchedEngine:
         self.parked[row[RID]] = (row, floats)
         self.waiting.appendleft(live)
 
-    def _admit(self, budget: int) -> list[tuple[int, int, int, int, int, int]]:
+    def _admit(self, budget: int) -> list[Entry]:
         """The waiting queue's admissions (`VllmV1Scheduler.schedule`'s second loop): their rows join `state`."""
         params = self.params
-        picked: list[tuple[int, int, int, int, int, int]] = []
+        picked: list[Entry] = []
         rows: list[list[int]] = []
         floats: list[list[float]] = []
         running = len(self.lives)
@@ -385,17 +436,22 @@ class BatchedEngine:
             self.lives.append(live)
             running += 1
             budget -= new
-        if rows:
+        if rows and self.arrays:
             self.state = np.concatenate([self.state, np.asarray(rows, dtype=np.int64)])
             self.floats = np.concatenate([self.floats, np.asarray(floats, dtype=np.float64)])
+        elif rows:
+            self.rows += rows
+            self.fls += floats
         return picked
 
     # -- 4-5. apply the step, then time it
 
-    def complete(self, step: BatchedStep, start_ms: float, device_ms: float, host_ms: float) -> float:
+    def complete(self, step: BatchedStep | RowStep, start_ms: float, device_ms: float, host_ms: float) -> float:
         """As `Engine.complete`: verify, draft for the next step, time the step, measure it; returns its end."""
+        if isinstance(step, RowStep):
+            return complete_rows(self, step, start_ms, device_ms, host_ms)
         meter = self.meter
-        waiting, running_before = len(self.waiting), len(self.lives)
+        self._waiting, self._running_before = len(self.waiting), len(self.lives)
         whole = len(step) == len(self.state)  # the step runs every request: its rows are 0..n-1, in order
         if whole:
             self.state[:, COMP] += step.tokens
@@ -407,7 +463,10 @@ class BatchedEngine:
         sampling = step.rows if every else step.rows[completes]
         drafts = step.drafts if every else step.drafts[completes]
         prefill = step.prefill if every else step.prefill[completes]
-        streamed, done, firsts = self._verify(sampling, drafts, prefill, len(step))
+        if len(sampling) > self.small:
+            streamed, done, firsts = self._verify(sampling, drafts, prefill, len(step))
+        else:
+            streamed, done, firsts = verify_rows(self, sampling, drafts, prefill, len(step))
         drafting = self._drafting
         end = start_ms + device_ms
         end = end + host_ms
@@ -430,22 +489,27 @@ class BatchedEngine:
         self.floats[firsts, FIRST] = end  # a request's first token is its first prefill's
         self.book.emitted(self.state[sampling, RID], streamed, end)
         self._finish(sampling[done], end)
-        meter.step(start_ms, end, len(step))
+        self.measure(start_ms, end, len(step), int(step.tokens.sum()), prefill_tokens, int(drafts.sum()))
+        return end
+
+    def measure(self, start_ms: float, end: float, sequences: int, tokens: int, prefill: int, drafts: int) -> None:
+        """The step's time in the meter, and its record when steps are kept (`Engine.complete`'s)."""
+        meter = self.meter
+        meter.step(start_ms, end, sequences)
         if meter.result.steps is not None:
             meter.result.steps.append(
                 StepRecord(
                     start_ms=start_ms,
                     end_ms=end,
-                    sequences=len(step),
-                    tokens=int(step.tokens.sum()),
-                    prefill_tokens=prefill_tokens,
-                    drafts=int(drafts.sum()),
+                    sequences=sequences,
+                    tokens=tokens,
+                    prefill_tokens=prefill,
+                    drafts=drafts,
                     accepted=self._accepted,
-                    waiting=waiting,
-                    running=running_before,
+                    waiting=self._waiting,
+                    running=self._running_before,
                 )
             )
-        return end
 
     def _verify(
         self, rows: np.ndarray, drafts: np.ndarray, prefill: np.ndarray, batch: int
@@ -472,27 +536,33 @@ class BatchedEngine:
         done = eos | (after >= cap)
         # A first prefill samples the trace's first token (never an EOS; the cap is >= 1): the formulas give it
         # with no drafts (landed 1, position 1), but it is not a verify in vLLM's counters nor in the action log.
-        firsts = prefill & (sub[:, STARTED] == 0)
-        verifies = ~firsts
-        sub[:, STARTED] = 1
-        sub[:, NVER] += verifies
-        sub[:, POS] = emitted + kept + 1
+        firsts = prefill & (sub[:, STARTED] == 0) if prefill.any() else None
+        if firsts is None:
+            sub[:, NVER] += 1
+        else:
+            sub[:, NVER] += ~firsts
+            sub[:, STARTED] = 1
         sub[:, EMIT] = after
         sub[:, COMP] = sub[:, PLEN] + after - 1  # the rejected drafts' KV is dropped
-        sub[:, UNK] += tail & (accepted < drafts)
-        sub[:, UTAIL] |= tail
-        sub[:, EOS] = eos
-        sub[:, DRAFTED] += drafts
-        sub[:, ACCEPTED] += accepted
+        if done.any():  # what only a finished request's records read
+            sub[done, POS] = emitted[done] + kept[done] + 1
+            sub[done, EOS] = eos[done]
+        if tail.any():
+            sub[:, UNK] += tail & (accepted < drafts)
+            sub[:, UTAIL] |= tail
+        if self.max_k:
+            sub[:, DRAFTED] += drafts
+            sub[:, ACCEPTED] += accepted
         self._accepted = int(accepted.sum())
-        if firsts.any():
-            self.book.verifies.add(sub[verifies, RID], *(a[verifies] for a in (drafts, accepted, landed, emitted)))
-        else:
+        if firsts is None:
             self.book.verifies.add(sub[:, RID], drafts, accepted, landed, emitted)
+        else:
+            verifies = ~firsts
+            self.book.verifies.add(sub[verifies, RID], *(a[verifies] for a in (drafts, accepted, landed, emitted)))
         self._drafting = self._draft(sub, after, done, batch) if self.max_k else 0
         if not whole:
             state[rows] = sub
-        return landed + eos, done, rows[firsts]
+        return landed + eos, done, rows[firsts] if firsts is not None else rows[:0]
 
     def _draft(self, sub: np.ndarray, emitted: np.ndarray, done: np.ndarray, batch: int) -> int:
         """Step 5 for the requests of `sub` that go on (not `done`: a finished request keeps its last K and
@@ -520,32 +590,35 @@ class BatchedEngine:
         return drafting
 
     def _finish(self, rows: np.ndarray, end: float) -> None:
-        """Finished requests leave at the step's end: their blocks back, their last state onto their `Live`."""
+        """Finished requests leave at the step's end (their rows out of `state`)."""
         if not len(rows):
             return
         at = rows.tolist()
         for i, row, floats in zip(at, self.state[rows].tolist(), self.floats[rows].tolist(), strict=True):
-            live = self.lives[i]
-            live.finish_ms = end
-            live.computed, live.k, live.available = row[COMP], row[K], row[AVAIL]
-            live.started, live.drafted, live.accepted = True, row[DRAFTED], row[ACCEPTED]
-            live.busy_ms, live.first_ms = floats[BUSY], floats[FIRST]
-            self.free += row[BLOCKS]
-            self.book.final[live.rid] = {
-                "emitted": row[EMIT],
-                "position": row[POS],
-                "eos": row[EOS],
-                "unknown_steps": row[UNK],
-                "unknown_tail": row[UTAIL],
-                "answers": self.tables[id(live.trace)][1].answers,
-            }
-            self.policy.finish(live.rid)
-            self.meter.leave()
+            self.leave(self.lives[i], row, floats, end)
         for i in reversed(at):  # rows are in ascending order
             del self.lives[i]
         keep = np.ones(len(self.state), dtype=bool)
         keep[rows] = False
         self.state, self.floats = self.state[keep], self.floats[keep]
+
+    def leave(self, live: Live, row: list[int], floats: list[float], end: float) -> None:
+        """A finished request leaves: its blocks back, its last state onto its `Live` and into the book."""
+        live.finish_ms = end
+        live.computed, live.k, live.available = row[COMP], row[K], row[AVAIL]
+        live.started, live.drafted, live.accepted = True, row[DRAFTED], row[ACCEPTED]
+        live.busy_ms, live.first_ms = floats[BUSY], floats[FIRST]
+        self.free += row[BLOCKS]
+        self.book.final[live.rid] = {
+            "emitted": row[EMIT],
+            "position": row[POS],
+            "eos": row[EOS],
+            "unknown_steps": row[UNK],
+            "unknown_tail": row[UTAIL],
+            "answers": self.tables[id(live.trace)][1].answers,
+        }
+        self.policy.finish(live.rid)
+        self.meter.leave()
 
     def ended(self) -> ServingResult:
         """The run's result, once every request has finished; each request's records are built when read."""
