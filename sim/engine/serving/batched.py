@@ -524,16 +524,30 @@ class BatchedEngine:
         cap = sub[:, CAP]
         known = sub[:, KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
         match = self.match_all[sub[:, TOFF] + emitted]
-        checked = np.minimum(drafts, known - 1)  # the drafts the trace can answer after
-        kept = np.minimum(checked, match)  # accepted before the one-more rule; it keeps kept + 1 answers
-        accepted = np.minimum(np.minimum(drafts, match), known)  # ... and with it (the next draft equals the answer)
-        tail = (checked < drafts) & (match > checked)
-        reach = np.minimum(kept + 1, sub[:, TLEN] - emitted)  # answers before the trace's EOS
+        near = known <= drafts  # drafts reach past what the trace answers (only near a reply's end)
+        tail = None
+        if near.any():
+            checked = np.minimum(drafts, known - 1)  # the drafts the trace can answer after
+            kept = np.minimum(checked, match)  # accepted before the one-more rule; it keeps kept + 1 answers
+            accepted = np.minimum(np.minimum(drafts, match), known)  # ... and with it (the next draft equals)
+            tail = near & (match > checked)
+        else:  # every draft is answered: accepted = kept = min(drafts, match)
+            kept = accepted = np.minimum(drafts, match)
+        ahead = kept + 1  # the answers it keeps
+        left = sub[:, TLEN] - emitted  # answers before the trace's EOS
         room = cap - emitted
-        landed = np.minimum(reach, room)
-        eos = (reach <= kept) & (reach < room)  # the EOS was among the kept answers, and the cap did not come first
+        short = left < ahead  # the EOS is among the kept answers
+        eos = None
+        if short.any():
+            reach = np.minimum(ahead, left)
+            landed = np.minimum(reach, room)
+            eos = short & (reach < room)  # ... and the cap did not come first
+        else:
+            landed = np.minimum(ahead, room)
         after = emitted + landed
-        done = eos | (after >= cap)
+        done = after >= cap
+        if eos is not None:
+            done |= eos
         # A first prefill samples the trace's first token (never an EOS; the cap is >= 1): the formulas give it
         # with no drafts (landed 1, position 1), but it is not a verify in vLLM's counters nor in the action log.
         firsts = prefill & (sub[:, STARTED] == 0) if prefill.any() else None
@@ -544,10 +558,11 @@ class BatchedEngine:
             sub[:, STARTED] = 1
         sub[:, EMIT] = after
         sub[:, COMP] = sub[:, PLEN] + after - 1  # the rejected drafts' KV is dropped
-        if done.any():  # what only a finished request's records read
+        if done.any():  # what only a finished request's records read (EOS stays 0 unless set here)
             sub[done, POS] = emitted[done] + kept[done] + 1
-            sub[done, EOS] = eos[done]
-        if tail.any():
+            if eos is not None:
+                sub[done, EOS] = eos[done]
+        if tail is not None and tail.any():
             sub[:, UNK] += tail & (accepted < drafts)
             sub[:, UTAIL] |= tail
         if self.max_k:
@@ -562,7 +577,8 @@ class BatchedEngine:
         self._drafting = self._draft(sub, after, done, batch) if self.max_k else 0
         if not whole:
             state[rows] = sub
-        return landed + eos, done, rows[firsts] if firsts is not None else rows[:0]
+        streamed = landed if eos is None else landed + eos
+        return streamed, done, rows[firsts] if firsts is not None else rows[:0]
 
     def _draft(self, sub: np.ndarray, emitted: np.ndarray, done: np.ndarray, batch: int) -> int:
         """Step 5 for the requests of `sub` that go on (not `done`: a finished request keeps its last K and
