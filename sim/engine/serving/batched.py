@@ -176,8 +176,8 @@ class BatchedEngine:
         self.checks = VllmV1Scheduler(scheduler, policy, drafter, max_tokens, request_factory=VllmRequest)
         self.max_k = self.checks.max_k
         policy.bind(costs, self._computed)
-        self.state = np.zeros((0, COLUMNS), dtype=np.int64)
-        self.floats = np.zeros((0, 2), dtype=np.float64)
+        self.state = np.zeros((COLUMNS, 0), dtype=np.int64)  # a column per request: each field contiguous
+        self.floats = np.zeros((2, 0), dtype=np.float64)
         self.lives: list[Live] = []
         # The rows as Python lists while few run (`small`), as arrays above (`_pick_mode`).
         self.arrays = False
@@ -214,7 +214,7 @@ class BatchedEngine:
         return not self.lives and not self.waiting
 
     def _computed(self, rid: int) -> int:
-        rows = self.state.tolist() if self.arrays else self.rows
+        rows = self.state.T.tolist() if self.arrays else self.rows
         return next(row[COMP] for row in rows if row[RID] == rid)
 
     # -- 1. arrivals
@@ -302,11 +302,10 @@ class BatchedEngine:
         picked = self._running(budget)
         preempted = False
         if picked is None:
-            rows, floats = self.state.tolist(), self.floats.tolist()
+            rows, floats = self.state.T.tolist(), self.floats.T.tolist()
             looped, budget, preempted = self._running_loop(rows, floats, budget)
             picked = tuple(np.asarray(looped, dtype=np.int64).reshape(-1, 6).T)
-            self.state = np.asarray(rows, dtype=np.int64).reshape(-1, COLUMNS)
-            self.floats = np.asarray(floats, dtype=np.float64).reshape(-1, 2)
+            self._to_arrays(rows, floats)
         else:
             budget -= int(picked[1].sum())
         admitted = [] if preempted else self._admit(budget)
@@ -322,13 +321,16 @@ class BatchedEngine:
         """Rows as arrays above `small` running requests, as Python lists at or below half of it (between, as
         they were: a batch near the line does not convert back and forth)."""
         if self.arrays and running <= self.small // 2:
-            self.rows, self.fls = self.state.tolist(), self.floats.tolist()
+            self.rows, self.fls = self.state.T.tolist(), self.floats.T.tolist()
             self.arrays = False
         elif not self.arrays and running > self.small:
-            self.state = np.asarray(self.rows, dtype=np.int64).reshape(-1, COLUMNS)
-            self.floats = np.asarray(self.fls, dtype=np.float64).reshape(-1, 2)
+            self._to_arrays(self.rows, self.fls)
             self.rows, self.fls = [], []
             self.arrays = True
+
+    def _to_arrays(self, rows: list[list[int]], floats: list[list[float]]) -> None:
+        self.state = np.ascontiguousarray(np.asarray(rows, dtype=np.int64).reshape(-1, COLUMNS).T)
+        self.floats = np.ascontiguousarray(np.asarray(floats, dtype=np.float64).reshape(-1, 2).T)
 
     def _running(self, budget: int) -> tuple[np.ndarray, ...] | None:
         """`VllmV1Scheduler.schedule`'s running loop as arrays, when no request is preempted: each request in order
@@ -336,11 +338,11 @@ class BatchedEngine:
         ends the loop; None (the loop in Python decides, preempting) when the free blocks do not cover them all."""
         state = self.state
         limit = self.params.max_model_len
-        computed = state[:, COMP]
-        num_tokens = state[:, PLEN] + state[:, EMIT]
-        asks = np.minimum(num_tokens + state[:, SPEC] - computed, limit - computed - 1)
+        computed = state[COMP]
+        num_tokens = state[PLEN] + state[EMIT]
+        asks = np.minimum(num_tokens + state[SPEC] - computed, limit - computed - 1)
         if int(asks.sum()) <= budget and asks.min() > 0:  # the common step: every request runs all it asks
-            rows = np.arange(len(state))
+            rows = np.arange(state.shape[1])
             cols, new = state, asks
         else:
             asks = np.maximum(asks, 0)  # a request with nothing to run is passed over
@@ -350,21 +352,21 @@ class BatchedEngine:
                 asks = asks[: cut + 1].copy()
                 asks[cut] = budget - (int(total[cut - 1]) if cut else 0)
             rows = np.flatnonzero(asks)
-            cols, new, num_tokens = state[rows], asks[rows], num_tokens[rows]
-        before = cols[:, COMP].copy()
-        need = np.maximum(-(-np.minimum(before + new, limit) // self.params.block_size) - cols[:, BLOCKS], 0)
+            cols, new, num_tokens = state[:, rows], asks[rows], num_tokens[rows]
+        before = cols[COMP].copy()
+        need = np.maximum(-(-np.minimum(before + new, limit) // self.params.block_size) - cols[BLOCKS], 0)
         needed = int(need.sum())
         if needed > self.free:
             return None
         self.free -= needed
-        decode = (cols[:, STARTED] == 1) & (before == num_tokens - 1)
-        drafts = np.where(decode, np.minimum(cols[:, SPEC], new - 1), 0)
+        decode = (cols[STARTED] == 1) & (before == num_tokens - 1)
+        drafts = np.where(decode, np.minimum(cols[SPEC], new - 1), 0)
         if cols is state:
-            state[:, BLOCKS] += need
-            state[:, SPEC] = 0  # the drafts go into this step (a budget that cut them leaves the rest unasked)
+            state[BLOCKS] += need
+            state[SPEC] = 0  # the drafts go into this step (a budget that cut them leaves the rest unasked)
         else:
-            state[rows, BLOCKS] += need
-            state[rows, SPEC] = 0
+            state[BLOCKS, rows] += need
+            state[SPEC, rows] = 0
         return (rows, new, before, ~decode, before + new >= num_tokens, drafts)
 
     def _running_loop(
@@ -437,8 +439,8 @@ class BatchedEngine:
             running += 1
             budget -= new
         if rows and self.arrays:
-            self.state = np.concatenate([self.state, np.asarray(rows, dtype=np.int64)])
-            self.floats = np.concatenate([self.floats, np.asarray(floats, dtype=np.float64)])
+            self.state = np.concatenate([self.state, np.asarray(rows, dtype=np.int64).T], axis=1)
+            self.floats = np.concatenate([self.floats, np.asarray(floats, dtype=np.float64).T], axis=1)
         elif rows:
             self.rows += rows
             self.fls += floats
@@ -452,11 +454,11 @@ class BatchedEngine:
             return complete_rows(self, step, start_ms, device_ms, host_ms)
         meter = self.meter
         self._waiting, self._running_before = len(self.waiting), len(self.lives)
-        whole = len(step) == len(self.state)  # the step runs every request: its rows are 0..n-1, in order
+        whole = len(step) == self.state.shape[1]  # the step runs every request: its rows are 0..n-1, in order
         if whole:
-            self.state[:, COMP] += step.tokens
+            self.state[COMP] += step.tokens
         else:
-            self.state[step.rows, COMP] += step.tokens
+            self.state[COMP, step.rows] += step.tokens
         prefill_tokens = int(step.tokens[step.prefill].sum())
         completes = step.completes
         every = completes.all()
@@ -475,7 +477,7 @@ class BatchedEngine:
             end = end + draft_ms
         meter.account(end)  # everyone here now was in the system for the whole step
         # The reference's float additions, one per element and in its order: device, host, then drafting.
-        busy = self.floats[:, BUSY]
+        busy = self.floats[BUSY]
         if whole:
             busy += device_ms
             busy += host_ms
@@ -486,8 +488,8 @@ class BatchedEngine:
             busy[step.rows] = busy[step.rows] + host_ms
             if drafting:
                 busy[step.rows] = busy[step.rows] + draft_ms
-        self.floats[firsts, FIRST] = end  # a request's first token is its first prefill's
-        self.book.emitted(self.state[sampling, RID], streamed, end)
+        self.floats[FIRST, firsts] = end  # a request's first token is its first prefill's
+        self.book.emitted(self.state[RID, sampling], streamed, end)
         self._finish(sampling[done], end)
         self.measure(start_ms, end, len(step), int(step.tokens.sum()), prefill_tokens, int(drafts.sum()))
         return end
@@ -518,12 +520,12 @@ class BatchedEngine:
         the tables, then step 5 (`_draft`) for those that go on; returns (tokens streamed, done, the rows that made
         their first token)."""
         state = self.state
-        whole = len(rows) == len(state)
-        sub = state if whole else state[rows]  # a copy of the rows (written back below), or the state itself
-        emitted = sub[:, EMIT].copy()
-        cap = sub[:, CAP]
-        known = sub[:, KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
-        match = self.match_all[sub[:, TOFF] + emitted]
+        whole = len(rows) == state.shape[1]
+        sub = state if whole else state[:, rows]  # a copy of the rows (written back below), or the state itself
+        emitted = sub[EMIT].copy()
+        cap = sub[CAP]
+        known = sub[KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
+        match = self.match_all[sub[TOFF] + emitted]
         near = known <= drafts  # drafts reach past what the trace answers (only near a reply's end)
         tail = None
         if near.any():
@@ -534,7 +536,7 @@ class BatchedEngine:
         else:  # every draft is answered: accepted = kept = min(drafts, match)
             kept = accepted = np.minimum(drafts, match)
         ahead = kept + 1  # the answers it keeps
-        left = sub[:, TLEN] - emitted  # answers before the trace's EOS
+        left = sub[TLEN] - emitted  # answers before the trace's EOS
         room = cap - emitted
         short = left < ahead  # the EOS is among the kept answers
         eos = None
@@ -550,33 +552,33 @@ class BatchedEngine:
             done |= eos
         # A first prefill samples the trace's first token (never an EOS; the cap is >= 1): the formulas give it
         # with no drafts (landed 1, position 1), but it is not a verify in vLLM's counters nor in the action log.
-        firsts = prefill & (sub[:, STARTED] == 0) if prefill.any() else None
+        firsts = prefill & (sub[STARTED] == 0) if prefill.any() else None
         if firsts is None:
-            sub[:, NVER] += 1
+            sub[NVER] += 1
         else:
-            sub[:, NVER] += ~firsts
-            sub[:, STARTED] = 1
-        sub[:, EMIT] = after
-        sub[:, COMP] = sub[:, PLEN] + after - 1  # the rejected drafts' KV is dropped
+            sub[NVER] += ~firsts
+            sub[STARTED] = 1
+        sub[EMIT] = after
+        sub[COMP] = sub[PLEN] + after - 1  # the rejected drafts' KV is dropped
         if done.any():  # what only a finished request's records read (EOS stays 0 unless set here)
-            sub[done, POS] = emitted[done] + kept[done] + 1
+            sub[POS, done] = emitted[done] + kept[done] + 1
             if eos is not None:
-                sub[done, EOS] = eos[done]
+                sub[EOS, done] = eos[done]
         if tail is not None and tail.any():
-            sub[:, UNK] += tail & (accepted < drafts)
-            sub[:, UTAIL] |= tail
+            sub[UNK] += tail & (accepted < drafts)
+            sub[UTAIL] |= tail
         if self.max_k:
-            sub[:, DRAFTED] += drafts
-            sub[:, ACCEPTED] += accepted
+            sub[DRAFTED] += drafts
+            sub[ACCEPTED] += accepted
         self._accepted = int(accepted.sum())
         if firsts is None:
-            self.book.verifies.add(sub[:, RID], drafts, accepted, landed, emitted)
+            self.book.verifies.add(sub[RID], drafts, accepted, landed, emitted)
         else:
             verifies = ~firsts
-            self.book.verifies.add(sub[verifies, RID], *(a[verifies] for a in (drafts, accepted, landed, emitted)))
+            self.book.verifies.add(sub[RID, verifies], *(a[verifies] for a in (drafts, accepted, landed, emitted)))
         self._drafting = self._draft(sub, after, done, batch) if self.max_k else 0
         if not whole:
-            state[rows] = sub
+            state[:, rows] = sub
         streamed = landed if eos is None else landed + eos
         return streamed, done, rows[firsts] if firsts is not None else rows[:0]
 
@@ -584,20 +586,20 @@ class BatchedEngine:
         """Step 5 for the requests of `sub` that go on (not `done`: a finished request keeps its last K and
         proposal length): the policy's K for a step of `batch` requests, and each one's proposal length under it
         (at most K, what the index finds, and the room below max_model_len); returns how many draft (K > 0)."""
-        room = self.params.max_model_len - (sub[:, PLEN] + emitted) - 1
-        found = self.avail_all[sub[:, TOFF] + emitted]
+        room = self.params.max_model_len - (sub[PLEN] + emitted) - 1
+        found = self.avail_all[sub[TOFF] + emitted]
         available = np.maximum(np.minimum(found, np.minimum(room, self.max_k)), 0)  # none without room
         k = self.k_at(batch)
         ks = np.minimum(room, k)
         spec = np.minimum(available, k)
         going = ~done
         if done.any():
-            sub[going, AVAIL], sub[going, K], sub[going, SPEC] = available[going], ks[going], spec[going]
-            self.book.lookups.add(sub[going, RID], sub[going, NVER], spec[going])
+            sub[AVAIL, going], sub[K, going], sub[SPEC, going] = available[going], ks[going], spec[going]
+            self.book.lookups.add(sub[RID, going], sub[NVER, going], spec[going])
             drafting = int(np.count_nonzero(ks[going] > 0))
         else:
-            sub[:, AVAIL], sub[:, K], sub[:, SPEC] = available, ks, spec
-            self.book.lookups.add(sub[:, RID], sub[:, NVER], spec)
+            sub[AVAIL], sub[K], sub[SPEC] = available, ks, spec
+            self.book.lookups.add(sub[RID], sub[NVER], spec)
             drafting = int(np.count_nonzero(ks > 0))
         handed = int(np.count_nonzero(going))
         if handed:  # the K handed out to each request that drafts for the next step (`Meter.handed_out`)
@@ -610,13 +612,13 @@ class BatchedEngine:
         if not len(rows):
             return
         at = rows.tolist()
-        for i, row, floats in zip(at, self.state[rows].tolist(), self.floats[rows].tolist(), strict=True):
+        for i, row, floats in zip(at, self.state[:, rows].T.tolist(), self.floats[:, rows].T.tolist(), strict=True):
             self.leave(self.lives[i], row, floats, end)
         for i in reversed(at):  # rows are in ascending order
             del self.lives[i]
-        keep = np.ones(len(self.state), dtype=bool)
+        keep = np.ones(self.state.shape[1], dtype=bool)
         keep[rows] = False
-        self.state, self.floats = self.state[keep], self.floats[keep]
+        self.state, self.floats = self.state[:, keep], self.floats[:, keep]
 
     def leave(self, live: Live, row: list[int], floats: list[float], end: float) -> None:
         """A finished request leaves: its blocks back, its last state onto its `Live` and into the book."""

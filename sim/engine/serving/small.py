@@ -114,10 +114,10 @@ def verify_rows(
     engine: BatchedEngine, rows: np.ndarray, drafts: np.ndarray, prefill: np.ndarray, batch: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`BatchedEngine._verify` for a few rows of the arrays, by `verify_list`."""
-    sub = engine.state[rows].tolist()
+    sub = engine.state[:, rows].T.tolist()
     streamed, done, firsts = verify_list(engine, sub, drafts.tolist(), prefill.tolist(), batch)
     if sub:
-        engine.state[rows] = sub
+        engine.state[:, rows] = np.asarray(sub, dtype=np.int64).T
     return np.asarray(streamed, dtype=np.int64), np.asarray(done, dtype=bool), rows[np.asarray(firsts, dtype=bool)]
 
 
