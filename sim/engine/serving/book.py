@@ -18,19 +18,32 @@ _EMITS = Live.__dict__["emits"]
 
 
 class Log:
-    """Rows of int64 columns, appended a block at a time; `frozen()` is every row, stably sorted by column 0 (the
+    """Rows of int64 columns, appended a block of arrays at a time (`add`) or as Python tuples (`add_rows`, kept
+    as they come and turned into one block when needed); `frozen()` is every row, stably sorted by column 0 (the
     request), so each request's rows keep their step order."""
 
     def __init__(self, columns: int) -> None:
         self.blocks: list[np.ndarray] = []
+        self.pending: list[tuple[int, ...]] = []
         self.columns = columns
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
     def add(self, *columns: np.ndarray) -> None:
+        if self.pending:
+            self._flush()
         self.blocks.append(np.array(columns, dtype=np.int64))  # a copy: the state's columns change after
+
+    def add_rows(self, rows: list[tuple[int, ...]]) -> None:
+        self.pending += rows
+
+    def _flush(self) -> None:
+        self.blocks.append(np.array(self.pending, dtype=np.int64).reshape(-1, self.columns).T)
+        self.pending = []
 
     def rows(self) -> np.ndarray:
         """Every row, in the order added."""
+        if self.pending:
+            self._flush()
         if not self.blocks:
             return np.zeros((0, self.columns), dtype=np.int64)
         return np.concatenate(self.blocks, axis=1).T
@@ -53,7 +66,7 @@ class Book:
     def __init__(self) -> None:
         self.verifies = Log(5)  # rid, drafts verified, accepted, landed, emitted before
         self.lookups = Log(3)  # rid, verifies before it (its action index), drafts kept
-        self.emits = Log(2)  # rid, tokens streamed: one block per step
+        self.emits = Log(3)  # rid, step number, tokens streamed
         self.step_ends: list[float] = []
         self.final: dict[int, dict[str, Any]] = {}  # rid -> its last state (batched.py's `finished`)
         self.requests = 0
@@ -63,22 +76,25 @@ class Book:
     def emitted(self, rids: np.ndarray, streamed: np.ndarray, end: float) -> None:
         """A step that ended at `end` streamed `streamed` tokens to each of `rids` (some may be 0)."""
         out = streamed > 0
+        step = np.full(len(rids), len(self.step_ends), dtype=np.int64)
         if out.all():
-            self.emits.add(rids, streamed)
+            self.emits.add(rids, step, streamed)
         else:
-            self.emits.add(rids[out], streamed[out])
+            self.emits.add(rids[out], step[out], streamed[out])
+        self.step_ends.append(end)
+
+    def emitted_rows(self, rows: list[tuple[int, int]], end: float) -> None:
+        """`emitted` from Python (rid, tokens streamed) pairs."""
+        step = len(self.step_ends)
+        self.emits.add_rows([(rid, step, streamed) for rid, streamed in rows if streamed > 0])
         self.step_ends.append(end)
 
     def _emit_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(request, time, tokens) of every emit, by request then step, and where each request's emits start."""
         if self._emits is None:
-            rows = self.emits.rows()
-            sizes = [block.shape[1] for block in self.emits.blocks]
-            times = np.repeat(np.asarray(self.step_ends, dtype=np.float64), sizes)
-            order = np.argsort(rows[:, 0], kind="stable")
-            rids = rows[order, 0]
-            starts = np.searchsorted(rids, np.arange(self.requests + 1))
-            self._emits = (rids, times[order], rows[order, 1], starts)
+            rows, starts = self.emits.frozen(self.requests)
+            times = np.asarray(self.step_ends, dtype=np.float64)[rows[:, 1]]
+            self._emits = (rows[:, 0], times, rows[:, 2], starts)
         return self._emits
 
     def emit_log(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

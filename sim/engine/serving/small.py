@@ -69,6 +69,8 @@ def complete_rows(engine: BatchedEngine, step: RowStep, start_ms: float, device_
     rows, fls = engine.rows, engine.fls
     prefill_tokens = tokens = drafts = 0
     sampling: list[int] = []
+    their_drafts: list[int] = []
+    prefills: list[int] = []
     for i, new, _, prefill, completes, d in step.entries:
         rows[i][COMP] += new
         tokens += new
@@ -77,11 +79,10 @@ def complete_rows(engine: BatchedEngine, step: RowStep, start_ms: float, device_
             prefill_tokens += new
         if completes:
             sampling.append(i)
-    entries = {e[0]: e for e in step.entries}
+            their_drafts.append(d)
+            prefills.append(prefill)
     sub = [rows[i] for i in sampling]
-    streamed, done, firsts = verify_list(
-        engine, sub, [entries[i][5] for i in sampling], [entries[i][3] for i in sampling], len(step)
-    )
+    streamed, done, firsts = verify_list(engine, sub, their_drafts, prefills, len(step))
     drafting = engine._drafting
     end = start_ms + device_ms
     end = end + host_ms
@@ -98,9 +99,7 @@ def complete_rows(engine: BatchedEngine, step: RowStep, start_ms: float, device_
     for i, first in zip(sampling, firsts, strict=True):
         if first:
             fls[i][FIRST] = end
-    engine.book.emitted(
-        np.asarray([row[RID] for row in sub], dtype=np.int64), np.asarray(streamed, dtype=np.int64), end
-    )
+    engine.book.emitted_rows([(row[RID], n) for row, n in zip(sub, streamed, strict=True)], end)
     gone = [i for i, finished in zip(sampling, done, strict=True) if finished]
     for i in gone:
         engine.leave(engine.lives[i], rows[i], fls[i], end)
@@ -127,7 +126,7 @@ def verify_list(
     """`BatchedEngine._verify` (with `_draft`) one row at a time, the rows updated in place: the same formulas
     (batched.py states them); returns (tokens streamed, done, first token) per row."""
     match, found_at = engine.match_list, engine.avail_list
-    verified: tuple[list[int], ...] = ([], [], [], [], [])  # rid, drafts, accepted, landed, emitted before
+    verified: list[tuple[int, ...]] = []  # rid, drafts, accepted, landed, emitted before
     streamed: list[int] = []
     done: list[bool] = []
     firsts: list[bool] = []
@@ -149,8 +148,7 @@ def verify_list(
         first = bool(p) and row[STARTED] == 0
         if not first:
             row[NVER] += 1
-            for column, value in zip(verified, (row[RID], d, accepted, landed, e), strict=True):
-                column.append(value)
+            verified.append((row[RID], d, accepted, landed, e))
         row[STARTED] = 1
         row[EMIT] = after
         row[COMP] = row[PLEN] + after - 1
@@ -170,7 +168,7 @@ def verify_list(
         firsts.append(first)
     engine._accepted = accepted_total
     engine._drafting = draft_rows(engine, going, found_at, batch) if engine.max_k and going else 0
-    engine.book.verifies.add(*(np.asarray(column, dtype=np.int64) for column in verified))
+    engine.book.verifies.add_rows(verified)
     return streamed, done, firsts
 
 
@@ -178,7 +176,7 @@ def draft_rows(engine: BatchedEngine, going: list[list[int]], found_at: list[int
     """`BatchedEngine._draft` one row at a time, for the rows that go on."""
     k = engine.k_at(batch)
     limit, max_k = engine.params.max_model_len, engine.max_k
-    looked: tuple[list[int], ...] = ([], [], [])  # rid, verifies before, drafts kept
+    looked: list[tuple[int, ...]] = []  # rid, verifies before, drafts kept
     drafting = 0
     for row in going:
         room = limit - (row[PLEN] + row[EMIT]) - 1
@@ -187,9 +185,8 @@ def draft_rows(engine: BatchedEngine, going: list[list[int]], found_at: list[int
         row[K] = min(room, k)
         row[SPEC] = min(available, k)
         drafting += row[K] > 0
-        for column, value in zip(looked, (row[RID], row[NVER], row[SPEC]), strict=True):
-            column.append(value)
-    engine.book.lookups.add(*(np.asarray(column, dtype=np.int64) for column in looked))
+        looked.append((row[RID], row[NVER], row[SPEC]))
+    engine.book.lookups.add_rows(looked)
     counts = engine.meter.result.k_counts
     counts[k] = counts.get(k, 0) + len(going)
     return drafting
