@@ -64,7 +64,7 @@ class Dist:
     p99: float
 
     @staticmethod
-    def of(values: Sequence[float]) -> Dist:
+    def of(values: Sequence[float] | np.ndarray) -> Dist:
         if not len(values):
             return Dist(math.nan, math.nan, math.nan, math.nan)
         array = np.asarray(values, dtype=float)
@@ -256,7 +256,7 @@ def summarize(
     )
 
 
-def emitted_and_itls(result: ServingResult) -> tuple[list[int], Sequence[float]]:
+def emitted_and_itls(result: ServingResult) -> tuple[list[int], Sequence[float] | np.ndarray]:
     """Tokens streamed per request (as vLLM counts output tokens: an EOS it stopped at too), and every inter-token
     latency, by request then emit: the gap from a request's previous emit (its first token, first) over the tokens
     the later emit streamed, once per token. From the batched form's emit arrays when the result has them (the same
@@ -281,7 +281,7 @@ def emitted_and_itls(result: ServingResult) -> tuple[list[int], Sequence[float]]
     later[starts[:-1][starts[:-1] < len(rids)]] = False
     gaps = (times[1:] - times[:-1]) / streamed[1:]
     counted: list[int] = (total[starts[1:]] - total[starts[:-1]]).tolist()
-    return counted, np.repeat(gaps[later[1:]], streamed[1:][later[1:]]).tolist()
+    return counted, np.repeat(gaps[later[1:]], streamed[1:][later[1:]])
 
 
 # ---------------------------------------------------------------- one run

@@ -144,8 +144,11 @@ class BatchedStep:
 
     def shape(self) -> StepShape:
         t, c = self.tokens, self.computed
-        pairs = int((t * c + t * (t + 1) // 2).sum())
-        return StepShape(sequences=len(t), tokens=int(t.sum()), kv_tokens=int(c.sum()), attention_pairs=pairs)
+        tokens = int(t.sum())
+        # The sum over requests of t * c + t * (t + 1) / 2 (`SchedulerOutput.shape`), in exact integers: the sum of
+        # t * (t + 1) is even, so halving it after summing is the same number.
+        pairs = int(t @ c) + (int(t @ t) + tokens) // 2
+        return StepShape(sequences=len(t), tokens=tokens, kv_tokens=int(c.sum()), attention_pairs=pairs)
 
 
 class BatchedEngine:
