@@ -46,7 +46,7 @@ from policies.vllm import VllmParams  # noqa: E402
 from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
-from sim.engine.serving.batched import batched_applies  # noqa: E402
+from sim.engine.serving.forms import batched_applies  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
 from sim.rows.config import make_config  # noqa: E402
 from sim.rows.replay import request_drafter  # noqa: E402

@@ -7,13 +7,14 @@ then `update_from_output`) and its registry, vllm_v1.py vLLM 0.32's V1 scheduler
 the engine around a scheduler and drivers.py its two drivers (simpy and a plain recurrence, held equal by a test).
 batched.py is the same engine and scheduler with each step's per-request work as array operations (per-trace tables:
 tables.py; each request's records built after the run: book.py), held equal to the reference by tests; `make_engine`
-picks it where it applies.
+picks it where it applies (forms.py).
 """
 
 from sim.engine.serving import vllm_v1  # noqa: F401  (registers vLLM V1's scheduler)
-from sim.engine.serving.batched import BatchedEngine, make_engine
+from sim.engine.serving.batched import BatchedEngine
 from sim.engine.serving.drivers import recurrence, simulate
 from sim.engine.serving.engine import Engine
+from sim.engine.serving.forms import make_engine
 from sim.engine.serving.metrics import ServingResult, StepRecord
 from sim.engine.serving.pricing import ProfileCosts, ReplayCosts, StepCosts
 from sim.engine.serving.requests import Arrival, SchedulerOutput

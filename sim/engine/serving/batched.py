@@ -9,9 +9,9 @@ to the last bit (tests/serving/test_batched.py holds the two forms equal).
 
 It applies where the step's K depends on the batch alone (policies none, static, dsd, dsd_tiers, and trtllm without
 its acceptance gate), the drafter is an n-gram index over the trace (vLLM's n-gram or mlxcel's lookup), the requests
-are vLLM's and the step is priced by a serving profile (`ProfileCosts`); `make_engine` picks it there and the
-reference form everywhere else. Steps with a prefill still in chunks, a short budget or a preemption run the
-scheduler's loop in plain Python over the same rows; admissions too, one request at a time.
+are vLLM's and the step is priced by a serving profile (`ProfileCosts`); forms.py picks it there. A step short of
+KV blocks (it preempts) runs the scheduler's loop in Python over the same rows, admissions go one request at a time,
+and while few requests run the rows are Python lists (small.py).
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from policies.speculation import DsdTiers, DynamicSD, NoSpeculation, Static, Trt
 from sim.core.errors import ConfigError
 from sim.core.params import NO_CAP
 from sim.core.protocols import Drafter, SpeculationPolicy
-from sim.core.protocols import Engine as ReplayEngine
-from sim.engine.engines import SERVING_ENGINE, engine_named
 from sim.engine.serving.book import BatchedLive, Book
 from sim.engine.serving.columns import (
     ACCEPTED,
@@ -55,12 +53,11 @@ from sim.engine.serving.columns import (
     UTAIL,
     K,
 )
-from sim.engine.serving.engine import Engine
 from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
-from sim.engine.serving.pricing import ProfileCosts, StepCosts
+from sim.engine.serving.pricing import StepCosts
 from sim.engine.serving.requests import Arrival, Live
 from sim.engine.serving.small import Entry, RowStep, complete_rows, verify_rows
-from sim.engine.serving.tables import TraceTable, answers_of, table_for, tabulable
+from sim.engine.serving.tables import TraceTable, answers_of, table_for
 from sim.engine.serving.vllm_v1 import SchedulerParams, VllmV1Scheduler
 from sim.engine.serving_costs import StepShape
 from sim.engine.trace import Trace
@@ -80,51 +77,6 @@ def uniform_k(policy: SpeculationPolicy) -> Callable[[int], int] | None:
     if kind is Trtllm and policy.params.acceptance_rate_threshold <= 0:  # type: ignore[attr-defined]
         return policy.k_at  # type: ignore[attr-defined]
     return None  # a K per request (a gate, a governor, goodput's greedy split): the reference form
-
-
-def batched_applies(
-    policy: SpeculationPolicy,
-    costs: StepCosts,
-    drafter: Callable[[Trace], Drafter],
-    arrivals: Sequence[Arrival],
-    engine: ReplayEngine | None = None,
-) -> bool:
-    """Whether the batched form models this run (module docstring); else the reference form does."""
-    served = engine if engine is not None else engine_named(SERVING_ENGINE)
-    if served.scheduler != "vllm-v1" or served.request is not VllmRequest or type(costs) is not ProfileCosts:
-        return False
-    if uniform_k(policy) is None:
-        return False
-    if not policy.speculates:
-        return True
-    traces = {id(a.trace): a.trace for a in arrivals}.values()
-    return all(tabulable(trace, drafter(trace)) for trace in traces)
-
-
-def make_engine(
-    policy: SpeculationPolicy,
-    costs: StepCosts,
-    scheduler: SchedulerParams,
-    drafter: Callable[[Trace], Drafter],
-    *,
-    arrivals: Sequence[Arrival],
-    keep_steps: bool = False,
-    max_tokens: int | None = None,
-    form: str = "auto",
-) -> Engine | BatchedEngine:
-    """The engine for a run of `arrivals`: `form` "reference" (engine.py), "batched" (this module; a ConfigError
-    where it does not apply) or "auto" (batched where it applies)."""
-    if form not in FORMS:
-        raise ConfigError(f"unknown serving engine form {form!r}; expected one of {', '.join(FORMS)}")
-    applies = form != "reference" and batched_applies(policy, costs, drafter, arrivals)
-    if form == "batched" and not applies:
-        raise ConfigError("the batched serving form does not apply to this policy, drafter or cost model")
-    if applies:
-        return BatchedEngine(policy, costs, scheduler, drafter, keep_steps=keep_steps, max_tokens=max_tokens)
-    return Engine(policy, costs, scheduler, drafter, keep_steps=keep_steps, max_tokens=max_tokens)
-
-
-FORMS = ("auto", "reference", "batched")
 
 
 @dataclass(slots=True)
