@@ -153,10 +153,6 @@ class BatchedEngine:
         self._drafting = 0  # and the requests drafting after it
 
     @property
-    def result(self) -> ServingResult:
-        return self.meter.result
-
-    @property
     def running(self) -> list[Live]:
         return self.lives
 
