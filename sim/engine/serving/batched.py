@@ -266,7 +266,9 @@ class BatchedEngine:
         if not len(picked[0]):
             return None
         at, tokens, computed, prefill, completes, drafts = picked
-        return BatchedStep(at, tokens, computed, prefill.astype(bool), completes.astype(bool), drafts)
+        return BatchedStep(
+            at, tokens, computed, np.asarray(prefill, dtype=bool), np.asarray(completes, dtype=bool), drafts
+        )
 
     def _pick_mode(self, running: int) -> None:
         """Rows as arrays above `small` running requests, as Python lists at or below half of it (between, as
@@ -410,7 +412,7 @@ class BatchedEngine:
             self.state[COMP] += step.tokens
         else:
             self.state[COMP, step.rows] += step.tokens
-        prefill_tokens = int(step.tokens[step.prefill].sum())
+        prefill_tokens = int(step.tokens[step.prefill].sum()) if step.prefill.any() else 0
         completes = step.completes
         every = completes.all()
         sampling = step.rows if every else step.rows[completes]
@@ -440,7 +442,7 @@ class BatchedEngine:
             if drafting:
                 busy[step.rows] = busy[step.rows] + draft_ms
         self.floats[FIRST, firsts] = end  # a request's first token is its first prefill's
-        self.book.emitted(self.state[RID, sampling], streamed, end)
+        self.book.emitted(self.state[RID] if whole and every else self.state[RID, sampling], streamed, end)
         self._finish(sampling[done], end)
         self.measure(start_ms, end, len(step), int(step.tokens.sum()), prefill_tokens, int(drafts.sum()))
         return end
