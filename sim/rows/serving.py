@@ -24,7 +24,7 @@ import numpy as np
 from policies.speculation import make_speculation
 from policies.vllm import VllmParams
 from sim.core.errors import ConfigError
-from sim.engine.serving import Arrival, Engine, SchedulerParams, ServingResult, StepCosts, recurrence, simulate
+from sim.engine.serving import Arrival, SchedulerParams, ServingResult, StepCosts, make_engine, recurrence, simulate
 from sim.engine.serving.metrics import Backlog, backlog
 from sim.rows.config import make_config
 from sim.rows.replay import request_drafter
@@ -64,7 +64,7 @@ class Dist:
     p99: float
 
     @staticmethod
-    def of(values: Sequence[float]) -> Dist:
+    def of(values: Sequence[float] | np.ndarray) -> Dist:
         if not len(values):
             return Dist(math.nan, math.nan, math.nan, math.nan)
         array = np.asarray(values, dtype=float)
@@ -201,11 +201,10 @@ def summarize(
     """The row of a finished run."""
     ttfts: list[float] = []
     tpots: list[float] = []
-    itls: list[float] = []
     e2es: list[float] = []
     good = tokens = drafted = accepted = 0
-    for live in result.requests:
-        emitted = sum(count for _, count in live.emits)  # as vLLM counts output tokens: an EOS it stopped at too
+    counts, itls = emitted_and_itls(result)
+    for live, emitted in zip(result.requests, counts, strict=True):
         tokens += emitted
         drafted += live.drafted
         accepted += live.accepted
@@ -219,11 +218,6 @@ def summarize(
         if emitted > 1:
             tpot = (live.finish_ms - live.first_ms) / (emitted - 1)
             tpots.append(tpot)
-            previous = live.first_ms
-            for at, count in live.emits[1:]:
-                gap = (at - previous) / count
-                itls.extend([gap] * count)
-                previous = at
         good += slo.met(ttft, tpot)
     duration_s = result.end_ms / 1000.0
     sizes = sorted(result.batch_ms_by_size)
@@ -262,6 +256,34 @@ def summarize(
     )
 
 
+def emitted_and_itls(result: ServingResult) -> tuple[list[int], Sequence[float] | np.ndarray]:
+    """Tokens streamed per request (as vLLM counts output tokens: an EOS it stopped at too), and every inter-token
+    latency, by request then emit: the gap from a request's previous emit (its first token, first) over the tokens
+    the later emit streamed, once per token. From the batched form's emit arrays when the result has them (the same
+    float operations, in the same order), else from each request's emits."""
+    if result.emit_log is None:
+        counts: list[int] = []
+        itls: list[float] = []
+        for live in result.requests:
+            counts.append(sum(count for _, count in live.emits))
+            if not live.emits:
+                continue
+            previous = live.first_ms
+            for at, count in live.emits[1:]:
+                gap = (at - previous) / count
+                itls.extend([gap] * count)
+                previous = at
+        return counts, itls
+    rids, times, streamed = result.emit_log()
+    starts = np.searchsorted(rids, np.arange(len(result.requests) + 1))
+    total = np.concatenate([[0], np.cumsum(streamed)])
+    later = np.ones(len(rids), dtype=bool)  # an emit after the first of its request
+    later[starts[:-1][starts[:-1] < len(rids)]] = False
+    gaps = (times[1:] - times[:-1]) / streamed[1:]
+    counted: list[int] = (total[starts[1:]] - total[starts[:-1]]).tolist()
+    return counted, np.repeat(gaps[later[1:]], streamed[1:][later[1:]])
+
+
 # ---------------------------------------------------------------- one run
 
 
@@ -290,24 +312,28 @@ def run_serving(
     max_tokens: int | None = None,
     mlxcel_lookup: bool = False,
     max_concurrency: int | None = None,
+    form: str = "auto",
 ) -> tuple[ServingRow, ServingResult]:
     """Serve `arrivals` under one policy: the row and the model's result. The drafter is vLLM's (`drafter`: its
     n-gram or suffix keys), or with `mlxcel_lookup` mlxcel's prompt lookup over `drafter`'s n-gram bounds (the
     most recent occurrence of the longest match, where vLLM takes the earliest). `max_concurrency` caps the
-    requests in flight at the client, as `vllm bench serve --max-concurrency` does."""
+    requests in flight at the client, as `vllm bench serve --max-concurrency` does. `form` picks the engine's form
+    (sim.engine.serving.batched.make_engine: batched where it applies, by default; the two give the same bytes)."""
     policy = make_speculation(variant.name, variant.values)
     if mlxcel_lookup:
         low, high = drafter.lookup_bounds
         config = make_config("fixed", {"ngram_min": low, "ngram_max": high})
     else:
         config = make_config("vllm", dataclasses.asdict(drafter))
-    engine = Engine(
+    engine = make_engine(
         policy,
         costs,
         scheduler,
         lambda trace: request_drafter(trace, config),
+        arrivals=arrivals,
         keep_steps=keep_steps,
         max_tokens=max_tokens,
+        form=form,
     )
     run = DRIVERS[driver]
     result = run(engine, arrivals, progress, max_concurrency)

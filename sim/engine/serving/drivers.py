@@ -7,14 +7,34 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import simpy
 
 from sim.core.errors import ConfigError
-from sim.engine.serving.engine import Engine
 from sim.engine.serving.metrics import ServingResult
+from sim.engine.serving.pricing import StepCosts
 from sim.engine.serving.requests import Arrival, Live
+
+
+class AnyEngine(Protocol):
+    """What the drivers drive: the reference form (engine.py `Engine`) or the batched form (batched.py), each
+    with its own step type, which only its own `costs` and `complete` read."""
+
+    costs: StepCosts
+
+    @property
+    def idle(self) -> bool: ...
+
+    def check(self, arrivals: Sequence[Arrival]) -> None: ...
+
+    def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live: ...
+
+    def schedule(self) -> Any: ...
+
+    def complete(self, step: Any, start_ms: float, device_ms: float, host_ms: float) -> float: ...
+
+    def ended(self) -> ServingResult: ...
 
 
 def _ordered(arrivals: Sequence[Arrival]) -> list[Arrival]:
@@ -46,7 +66,7 @@ class Client:
         """When the next request is sent, once the engine is idle (then every slot is free)."""
         return self.queue[0].time_s * 1000.0
 
-    def send_due(self, engine: Engine, now_ms: float) -> None:
+    def send_due(self, engine: AnyEngine, now_ms: float) -> None:
         """Send every request due by `now_ms` (a step boundary) that has a slot."""
         if self.cap is None:
             while self.queue and self.queue[0].time_s * 1000.0 <= now_ms:
@@ -76,7 +96,7 @@ def _stalled(stalls: int) -> int:
 
 
 def simulate(
-    engine: Engine,
+    engine: AnyEngine,
     arrivals: Sequence[Arrival],
     progress: Callable[[float], None] | None = None,
     max_concurrency: int | None = None,
@@ -129,7 +149,7 @@ def simulate(
 
 
 def recurrence(
-    engine: Engine,
+    engine: AnyEngine,
     arrivals: Sequence[Arrival],
     progress: Callable[[float], None] | None = None,
     max_concurrency: int | None = None,

@@ -3,8 +3,9 @@ turn into means and percentiles (requests in the system, batch size, busy time, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim.engine.serving.requests import Live
 
@@ -38,6 +39,9 @@ class ServingResult:
     k_counts: dict[int, int] = field(default_factory=dict)  # K handed out per drafting request-step
     batch_ms_by_size: dict[int, float] = field(default_factory=dict)  # time spent in steps of each batch size
     step_count: int = 0
+    # The batched form's emits as arrays (request, time, tokens; by request, then step), for `summarize` to read
+    # without a Python loop per emit; None from the reference form (book.py).
+    emit_log: Callable[[], tuple[Any, Any, Any]] | None = field(default=None, compare=False, repr=False)
 
 
 class Meter:
