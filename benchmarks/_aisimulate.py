@@ -414,7 +414,10 @@ def print_versus(record: dict[str, Any]) -> None:
     )
     columns = ["draftlab", "aisimulate", "aisimulate_every_step_rates"]
     preds = record["predictions"]
-    lines = [["output tok/s"] + [f"{preds[c]['output_throughput_tok_s']:.0f}" for c in columns]]
+    lines = [
+        ["output tok/s"] + [f"{preds[c]['output_throughput_tok_s']:.0f}" for c in columns],
+        ["in system (mean)"] + [f"{preds[c]['in_system_mean']:.1f}" for c in columns],
+    ]
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
         for stat in ("mean", "p50", "p99"):
             lines.append([f"{metric} {stat}"] + [f"{preds[c][metric][stat]:.2f}" for c in columns])

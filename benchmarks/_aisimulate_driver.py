@@ -177,7 +177,9 @@ def metrics(records: Sequence[tuple[float, float, float, int]]) -> dict[str, Any
     """Throughput and latencies of finished requests, each (arrival ms, first token ms, last token ms, output
     tokens), by draftlab's definitions (docs/serving.md section 4): TTFT = first - arrival; TPOT = (last - first) /
     (tokens - 1) for two tokens or more; end-to-end = last - arrival; throughput = output tokens over the span from
-    the first arrival to the last token (both sides' clocks start elsewhere: at 0, at the first arrival)."""
+    the first arrival to the last token (both sides' clocks start elsewhere: at 0, at the first arrival); requests
+    in the system on average over that span (Little's L: the end-to-end times summed over the span), the load each
+    model saw from the same arrivals."""
     if not records:
         raise ValueError("no finished requests to measure")
     start = min(r[0] for r in records)
@@ -189,6 +191,7 @@ def metrics(records: Sequence[tuple[float, float, float, int]]) -> dict[str, Any
         "span_s": span_s,
         "output_throughput_tok_s": tokens / span_s if span_s > 0 else None,
         "request_throughput_rps": len(records) / span_s if span_s > 0 else None,
+        "in_system_mean": sum(r[2] - r[0] for r in records) / 1000.0 / span_s if span_s > 0 else None,
         "ttft_ms": _dist([r[1] - r[0] for r in records if r[3] > 0]),
         "tpot_ms": _dist([(r[2] - r[1]) / (r[3] - 1) for r in records if r[3] > 1]),
         "e2e_ms": _dist([r[2] - r[0] for r in records]),

@@ -105,6 +105,7 @@ def test_draftlab_predictions_are_the_rows_latencies(run: tuple[Any, Any, Any, A
     _, _, row, result = run
     got = versus.draftlab_predictions(result)
     assert got["requests"] == row.requests and got["output_tokens"] == row.output_tokens
+    assert got["in_system_mean"] == pytest.approx(row.in_system_mean * row.duration_s / got["span_s"])
     for name, dist in (("ttft_ms", row.ttft), ("tpot_ms", row.tpot), ("e2e_ms", row.e2e)):
         assert got[name] == pytest.approx({"mean": dist.mean, "p50": dist.p50, "p99": dist.p99})
 
@@ -162,6 +163,7 @@ def test_metrics_by_draftlabs_definitions() -> None:
     assert got["ttft_ms"]["mean"] == 15.0
     assert got["tpot_ms"] == {"mean": 10.0, "p50": 10.0, "p99": 10.0}  # (50 - 10) / 4; a 1-token reply has none
     assert got["e2e_ms"]["mean"] == 35.0
+    assert got["in_system_mean"] == pytest.approx((50.0 + 20.0) / 1020.0)
 
 
 def _run_driver(python: str, tmp_path: Path, value: Any) -> subprocess.CompletedProcess[str]:
