@@ -2,7 +2,8 @@
 over 4 load levels, and where the time goes; the batched form of the engine step beside the reference form.
 
     python benchmarks/serving_speed.py [--profiles P1,P2] [--duration 600] [--search-duration S] [--running 64]
-                                       [--repeats 3]
+                                       [--repeats 3] [--vs-aisimulate PYTHON [--vs-profile P] [--vs-running 256]
+                                       [--vs-k 3] [--vs-warm 2]]
                                        [--out results/benchmarks/serving_speed.json]
 
 The committed benchmarks/results/serving_speed.json is this command's output with
@@ -19,6 +20,12 @@ applies: it does for this policy); the same run under the recurrence in the refe
 its own VllmRequest) is timed beside it, and the two rows are checked byte-equal. A study trial is the serving
 model at 4 load levels (1/8, 1/4, 1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune`
 runs one. Last, one run under cProfile, its own time grouped by stage.
+
+With `--vs-aisimulate PYTHON` (a Python that has NVIDIA's aisimulate installed), also NVIDIA aisimulate's serving
+replay beside draftlab's serving model on one scenario, `vs_aisimulate` in the result (benchmarks/_aisimulate.py,
+docs/serving.md section 10): the rate that keeps `--vs-running` requests running on `--vs-profile` under a static
+K of `--vs-k`, both timed side by side `--repeats` times, and both models' predictions. `--profiles ""` skips the
+per-profile part.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _aisimulate import Setup, print_versus, versus  # noqa: E402
 from _harness import command_line, loadavg, note, table  # noqa: E402
 
 from policies.speculation import make_speculation  # noqa: E402
@@ -224,6 +232,37 @@ def forms_side_by_side(batched: list[dict[str, Any]], reference: list[dict[str, 
     }
 
 
+# ---------------------------------------------------------------- beside NVIDIA aisimulate (benchmarks/_aisimulate.py)
+
+
+def add_versus_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vs-aisimulate",
+        metavar="PYTHON",
+        help="a Python that has aisimulate: also run its serving replay beside draftlab's on one scenario",
+    )
+    parser.add_argument(
+        "--vs-profile", default="h200-llama-3-8b", help="serving profile (name or path) draftlab prices with"
+    )
+    parser.add_argument("--vs-running", type=int, default=256, help="requests the scenario keeps running on average")
+    parser.add_argument("--vs-k", type=int, default=3, help="static K (num_speculative_tokens) of the scenario")
+    parser.add_argument("--vs-warm", type=int, default=2, help="aisimulate runs after its first, per repetition")
+
+
+def versus_aisimulate(traces: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    return versus(
+        traces,
+        read_serving_profile(args.vs_profile),
+        args.vs_aisimulate,
+        running=args.vs_running,
+        duration_s=args.duration,
+        search_duration_s=args.search_duration or args.duration,
+        repeats=args.repeats,
+        warm=args.vs_warm,
+        setup=Setup(k=args.vs_k),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -244,6 +283,7 @@ def main() -> int:
         help="skip timing the reference form beside the batched one (it is slow at high load)",
     )
     parser.add_argument("--out", default="results/benchmarks/serving_speed.json", help="result file (JSON)")
+    add_versus_options(parser)
     args = parser.parse_args()
     try:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -253,8 +293,8 @@ def main() -> int:
     traces = collect_traces([str(CORPUS)])
     global SCHEDULER
     SCHEDULER = dataclasses.replace(SCHEDULER, max_num_seqs=max(SCHEDULER.max_num_seqs, 2 * args.running))
-    results = [measure(read_serving_profile(name), traces, args) for name in args.profiles.split(",")]
-    result = {
+    results = [measure(read_serving_profile(name), traces, args) for name in args.profiles.split(",") if name]
+    result: dict[str, Any] = {
         "command": command_line(__file__),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "pinned_one_core": pinned},
         "policy": {"name": POLICY.name, "values": POLICY.values},
@@ -266,6 +306,8 @@ def main() -> int:
         "running": args.running,
         "profiles": results,
     }
+    if args.vs_aisimulate:
+        result["vs_aisimulate"] = versus_aisimulate(traces, args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     for one in results:
@@ -296,6 +338,9 @@ def main() -> int:
             table(["stage", "share of time"], [[b["stage"], f"{b['share']:.1%}"] for b in one["where_the_time_goes"]])
         )
         print(f"load before {one['load_before']}, after {one['load_after']}")
+        print()
+    if args.vs_aisimulate:
+        print_versus(result["vs_aisimulate"])
         print()
     print(f"written to {args.out}")
     return 0
