@@ -58,6 +58,12 @@ class Speculation(Generic[P]):
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
         raise NotImplementedError
 
+    def batch_k(self) -> Callable[[int], int] | None:
+        """The K every request gets, as a function of the step's batch alone, where this policy's K is one (the
+        batched serving form then applies: sim/engine/serving/batched.py); None where K is decided per request. A
+        subclass that changes `plan` must say again what this returns."""
+        return None
+
     def record(self, rid: int, drafted: int, accepted: int) -> None:
         """A drafted step's outcome for one request."""
 
@@ -122,6 +128,9 @@ class NoSpeculation(Speculation[NoParams]):
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
         return [0] * len(batch)
 
+    def batch_k(self) -> Callable[[int], int] | None:
+        return lambda batch: 0
+
     def vllm_config(self, drafter: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
@@ -146,6 +155,10 @@ class Static(Speculation[StaticParams]):
 
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
         return [self.params.k] * len(batch)
+
+    def batch_k(self) -> Callable[[int], int] | None:
+        k = self.params.k
+        return lambda batch: k
 
     def vllm_config(self, drafter: dict[str, Any]) -> dict[str, Any] | None:
         return {**drafter, "num_speculative_tokens": self.params.k}
@@ -197,6 +210,9 @@ class DynamicSD(Speculation[DsdParams]):
         if k is None:
             k = self._k_by_batch[batch] = schedule_k(self.ranges, batch, self.cap)
         return k
+
+    def batch_k(self) -> Callable[[int], int] | None:
+        return self.k_at
 
     def plan(self, batch: Sequence[Slot], scheduled: int) -> list[int]:
         return [self.k_at(scheduled)] * len(batch)
@@ -318,6 +334,10 @@ class Trtllm(Speculation[TrtllmParams]):
             if batch <= threshold:
                 return min(length, self.params.max_draft_len)
         return 0
+
+    def batch_k(self) -> Callable[[int], int] | None:
+        # With the acceptance gate on, a request's K also depends on its own recent acceptance.
+        return self.k_at if self.params.acceptance_rate_threshold <= 0 else None
 
     def trtllm_config(self) -> dict[str, Any] | None:
         out: dict[str, Any] = {

@@ -105,6 +105,15 @@ class PromptLookup:
             self.extend(context[known:])
         return self.propose_at(len(context), max_draft)
 
+    def slices(self) -> tuple[Sequence[int], Sequence[int], int] | None:
+        """(context, continuation starts, the no-match marker) where every proposal is the slice
+        `context[start : min(start + room, length)]` of what the index holds, start = `continuation[length]`: what
+        the batched serving step tabulates once per trace instead of asking `propose` every step. None for a
+        subclass that proposes otherwise."""
+        if type(self).propose is not PromptLookup.propose or type(self).propose_at is not PromptLookup.propose_at:
+            return None
+        return self.context, self.continuation, NO_MATCH
+
     def propose_at(self, length: int, max_draft: int) -> list[int]:
         """The proposal when the context is the first `length` tokens of the index."""
         begin = self.continuation[length]

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.speculation import DsdTiers, DynamicSD, NoSpeculation, Static, Trtllm
 from sim.core.errors import ConfigError
 from sim.core.params import NO_CAP
 from sim.core.protocols import Drafter, SpeculationPolicy
@@ -65,18 +64,11 @@ from sim.engine.vllm import VllmRequest
 
 
 def uniform_k(policy: SpeculationPolicy) -> Callable[[int], int] | None:
-    """The policy's K as a function of the step's batch alone, where it is one (the batched form's condition)."""
-    kind = type(policy)
-    if kind is NoSpeculation:
-        return lambda batch: 0
-    if kind is Static:
-        k: int = policy.params.k  # type: ignore[attr-defined]
-        return lambda batch: k
-    if kind in (DynamicSD, DsdTiers):
-        return policy.k_at  # type: ignore[attr-defined]
-    if kind is Trtllm and policy.params.acceptance_rate_threshold <= 0:  # type: ignore[attr-defined]
-        return policy.k_at  # type: ignore[attr-defined]
-    return None  # a K per request (a gate, a governor, goodput's greedy split): the reference form
+    """The policy's K as a function of the step's batch alone, where it is one (the batched form's condition): the
+    policy says so by its `batch_k` (policies/speculation.py); one without it, or answering None, decides a K per
+    request (a gate, a governor, goodput's greedy split) and runs in the reference form."""
+    batch_k = getattr(policy, "batch_k", None)  # not part of the protocol: policies this layer cannot import
+    return batch_k() if batch_k is not None else None
 
 
 @dataclass(slots=True)

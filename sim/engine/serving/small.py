@@ -6,7 +6,7 @@ float operations in the same order; the tests hold both paths equal to the refer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +35,9 @@ from sim.engine.serving.columns import (
 )
 from sim.engine.serving_costs import StepShape
 
-if TYPE_CHECKING:
-    from sim.engine.serving.batched import BatchedEngine
+# The functions here take the BatchedEngine (batched.py) they serve as `engine`; it imports this module, so the
+# type is named in words, not imported (no cycle, not even one that only type checking sees).
+BatchedEngine = Any
 
 
 # One scheduled request: its row, new tokens, tokens computed before, prefill chunk (1) or decode (0), whether it

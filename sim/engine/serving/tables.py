@@ -16,13 +16,20 @@ answers, `VllmRequest.verify`'s cut, with its one-more rule folded in: docs/serv
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from sim.drafters.lookup import NO_MATCH, PromptLookup
 from sim.engine.trace import Trace
+
+
+class Sliced(Protocol):
+    """A drafter whose proposals are slices of the context it indexes (prompt lookup: sim/drafters/lookup.py)."""
+
+    def slices(self) -> tuple[Sequence[int], Sequence[int], int] | None: ...
+
 
 NEVER = -2  # an answer no token id equals: past the end of a trace cut at its cap, nothing is answered
 
@@ -46,22 +53,25 @@ def answers_of(trace: Trace) -> tuple[int, ...]:
     return tuple(trace.tokens)
 
 
-def tabulate(trace: Trace, index: PromptLookup, max_k: int) -> TraceTable:
+def tabulate(trace: Trace, index: Sliced, max_k: int) -> TraceTable:
     """The tables of the module docstring, for `trace` drafted by `index` (built over its prompt and tokens)."""
     prompt = len(trace.prompt_tokens)
     count = len(trace.tokens)
     answers = answers_of(trace)
     eos = trace.stop == "eos"
     lengths = np.arange(prompt, prompt + count + 1, dtype=np.int64)  # context length after e = 0..T tokens
-    begin = np.asarray(index.continuation[prompt : prompt + count + 1], dtype=np.int64)
-    found = begin != NO_MATCH
+    sliced = index.slices()
+    assert sliced is not None, "tabulate needs a drafter whose proposals are slices (tabulable)"
+    held, continuation, no_match = sliced
+    begin = np.asarray(continuation[prompt : prompt + count + 1], dtype=np.int64)
+    found = begin != no_match
     avail = np.where(found, np.minimum(lengths - begin, max_k), 0)
     # The target's answer at every slot a draft can reach (e + i, i < max_k): past the recorded answers an EOS-stopped
     # trace keeps answering EOS, a capped one answers nothing.
     tail = trace.eos_id if eos else NEVER
     said = np.full(count + max_k + 2, tail, dtype=np.int64)
     said[: len(answers)] = answers[: len(said)]
-    context = np.asarray(index.context, dtype=np.int64)
+    context = np.asarray(held, dtype=np.int64)
     match = np.zeros(count + 1, dtype=np.int64)
     alive = found.copy()
     positions = np.arange(count + 1, dtype=np.int64)
@@ -74,10 +84,10 @@ def tabulate(trace: Trace, index: PromptLookup, max_k: int) -> TraceTable:
 
 
 # Tables per drafter index (shared read-only across runs: sim.rows.replay caches the indexes), per max_k and trace.
-_TABLES: weakref.WeakKeyDictionary[PromptLookup, dict[tuple[Any, ...], TraceTable]] = weakref.WeakKeyDictionary()
+_TABLES: weakref.WeakKeyDictionary[Sliced, dict[tuple[Any, ...], TraceTable]] = weakref.WeakKeyDictionary()
 
 
-def table_for(trace: Trace, index: PromptLookup, max_k: int) -> TraceTable:
+def table_for(trace: Trace, index: Sliced, max_k: int) -> TraceTable:
     key = (max_k, trace.sha256 or trace.path, trace.tokens, trace.eos_id, trace.stop, trace.after_eos)
     per_index = _TABLES.setdefault(index, {})
     table = per_index.get(key)
@@ -87,11 +97,8 @@ def table_for(trace: Trace, index: PromptLookup, max_k: int) -> TraceTable:
 
 
 def tabulable(trace: Trace, drafter: Any) -> bool:
-    """Whether `drafter` proposes as prompt lookup's index does, over this trace's prompt and tokens already: then
-    its proposals are the index's slices and `tabulate` holds them."""
-    return (
-        isinstance(drafter, PromptLookup)
-        and type(drafter).propose is PromptLookup.propose
-        and type(drafter).propose_at is PromptLookup.propose_at
-        and len(drafter.context) == len(trace.prompt_tokens) + len(trace.tokens)
-    )
+    """Whether `drafter` proposes slices of the context it indexes (its `slices`), over this trace's prompt and
+    tokens already: then its proposals are the index's slices and `tabulate` holds them."""
+    slices = getattr(drafter, "slices", None)  # drafters sit beside this layer: asked, not imported
+    sliced = slices() if slices is not None else None
+    return sliced is not None and len(sliced[0]) == len(trace.prompt_tokens) + len(trace.tokens)
