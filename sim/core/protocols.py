@@ -241,6 +241,12 @@ class Engine:
         """Decode one request under `config`: counters, action log and tokens."""
         return type(self).decode(target, governor, self.settings(config), prompt, max_tokens, drafter, keep_iterations)
 
+    def counters_line(self, counters: dict[str, Any], lab: Any) -> str:
+        """The engine's own counters of a row (`LoopResult.engine.as_dict()`) for people, beside the lab's
+        (`lab`: the row's sim.engine.actions.Counters) where it shows them; only an engine that keeps counters of
+        its own is asked."""
+        raise NotImplementedError(f"engine {self.name} keeps no counters of its own")
+
     def unknowable(self, measured: dict[str, Any], replayed: dict[str, Any]) -> bool:
         """Whether a real run's counters (`measured`) differ from the replay's (`replayed`, the row's engine or loop
         counters) only where the trace cannot settle them, so that the difference is no mismatch. The default: a
