@@ -241,6 +241,11 @@ NOT_MODELLED = {
     "--context-shift": "context shifting (llama-server's default is --no-context-shift)",
     **dict.fromkeys(("-md", "--model-draft", "--spec-draft-model"), "a draft model"),
 }
+# flags that choose what runs, not how a slot decodes: the model is the trace's (replay) or the hardware command's
+ELSEWHERE = {
+    **dict.fromkeys(("-m", "--model"), "the model is the trace's in replay and --model's on hardware"),
+    **dict.fromkeys(("-t", "--threads", "-tb", "--threads-batch"), "threads are the hardware command's --threads"),
+}
 ALLOWED = sorted({*ALIASES, "--spec-default", "--no-context-shift"})
 
 
@@ -280,6 +285,8 @@ def _apply(words: Sequence[str], values: dict[str, Any], add_types: Callable[[st
             raise ConfigError(f"{flag} was removed from llama-server: {REMOVED[flag]}")
         if flag in NOT_MODELLED:
             raise ConfigError(f"{flag}: the lab does not model {NOT_MODELLED[flag]}; allowed: {' '.join(ALLOWED)}")
+        if flag in ELSEWHERE:
+            raise ConfigError(f"{flag} is not a configuration's flag: {ELSEWHERE[flag]}; drop it")
         if flag not in ALIASES and flag not in ("--spec-default", "--no-context-shift"):
             what = "flag" if flag.startswith("-") else "word (flags start with -)"
             raise ConfigError(f"unknown {what} {raw!r}; allowed: {' '.join(ALLOWED)}")
