@@ -53,6 +53,23 @@ class Drafter(Protocol):
     def draft(self, context: Sequence[int], max_draft: int) -> Draft: ...
 
 
+class Speculator(Drafter, Protocol):
+    """A drafter with llama.cpp's per-slot life cycle (sim/drafters/llamacpp/, docs/llamacpp.md section 2): `begin`
+    at a request's start, one `propose` per decode step (which may change its state: call it once per step), then
+    `accept` with the number of drafted tokens the target accepted when the draft was not empty."""
+
+    def begin(self, prompt: Sequence[int]) -> None: ...  # common_speculative_begin (slot start)
+
+    # common_speculative_draft for this slot: context = every token so far (prompt + generated, the last sampled
+    # one included = id_last); max_draft = the slot's n_max for this step; returns the draft (already truncated to
+    # max_draft), [] when no impl drafted
+    def propose(self, context: Sequence[int], max_draft: int) -> list[int]: ...
+
+    def accept(self, accepted: int) -> None: ...  # common_speculative_accept
+
+    def stats(self) -> dict[str, Any]: ...  # per-impl counters as llama.cpp keeps them
+
+
 # ---------------------------------------------------------------- target and forward costs
 
 
