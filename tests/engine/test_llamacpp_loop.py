@@ -355,6 +355,11 @@ def test_sim_replay_takes_the_flags_as_pasted_or_in_a_file_and_prints_both_count
         (["--engine", "llamacpp", "--speculative-config", "{}"], "--speculative-config configures vLLM"),
         (["--engine", "llamacpp", "--flags", "--spec-type ngram-moe"], "--flags: unknown spec type 'ngram-moe'"),
         (["--engine", "llamacpp", "--flags", "--spec-type ngram-mod", "--policy", "gated"], "not --policy"),
+        (
+            ["--engine", "llamacpp", "--flags", "--spec-type ngram-mod", "--set", "type=ngram-cache"],
+            "--set type: set by",
+        ),
+        (["--engine", "llamacpp", "--flags", "/no/such/flags.txt"], "/no/such/flags.txt"),
         (["--engine", "llamacpp", "--flags", "-c 64", "--set", "n_ctx_train=16"], "exceeds the slot's context of 16 "),
     ],
 )

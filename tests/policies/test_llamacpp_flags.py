@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import shlex
 
 import pytest
@@ -222,3 +223,10 @@ def test_a_yaml_configuration_takes_the_same_keys_and_refuses_unknown_ones():
 def test_labels_of_equal_type_sets_agree():
     for order in itertools.permutations(["ngram-mod", "ngram-simple", "ngram-cache"]):
         assert LlamaServerParams(type=",".join(order)).type == "ngram-simple,ngram-mod,ngram-cache"
+
+
+def test_a_flags_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "flags.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_flags_file(str(fifo))
