@@ -297,7 +297,7 @@ class LlamaCpp(Engine):
 
     summary = "llama-server's slot loop, configured by --flags; docs/llamacpp.md"
     configuration = "llamacpp"
-    width_key = "the draft length (--spec-ngram-*-size-m, --spec-ngram-mod-n-max)"
+    width_key = "--spec-ngram-*-size-m or --spec-ngram-mod-n-max"
     # ngram-mod's hash table and ngram-cache's dynamic cache live on in the server across requests: a stream is
     # built per configuration by the drafter family, not by replay's --as-stream.
     streams = False
