@@ -172,7 +172,8 @@ class LlamaCppRequest:
         landed = self._emit(kept, kv_after=n_past + 1 + accepted)
         if not self.done and self.counters.unknown_steps > unknown:
             # The recording ends inside this step's accepted run without an EOS: the server stopped the reply in
-            # this step, which only the context rule does inside a run (the whole longest draft accepted, rule 4).
+            # this step, which only the context rule does inside a run (the whole longest draft accepted:
+            # docs/llamacpp.md section 1, rule 9).
             counters.stop_type, counters.truncated, self.done = "limit", True, True
         if draft:
             out.drafted(len(draft), accepted, first, landed)

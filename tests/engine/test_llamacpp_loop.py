@@ -248,8 +248,8 @@ def test_a_stop_inside_an_accepted_run_drops_the_rest_but_they_count():
 
 
 def test_a_recording_that_ends_inside_an_accepted_run_ends_the_reply_there_as_an_unknown_step():
-    """A reply recorded under speculation that the context cut inside a step (rule 4) holds only that step's first
-    token: replay accepts what it can check, counts the step as unknown and ends the reply there."""
+    """A reply recorded under speculation that the context cut inside a step (section 1, rule 9) holds only that
+    step's first token: replay accepts what it can check, counts the step as unknown and ends the reply there."""
     n_ctx = 16
     spec = ScriptedSpeculator({at(1): copy(1, n_ctx - len(PROMPT) - 2)})
     out = run(target(REPLY[:2], stops_on_eos=False), None, settings(n_ctx=n_ctx), PROMPT, None, spec)  # type: ignore[arg-type]
