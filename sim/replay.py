@@ -241,16 +241,36 @@ def flags_file(text: str | None) -> str | None:
     return text
 
 
+def _own_variant(args: argparse.Namespace, engine: Engine) -> dict[str, str] | None:
+    """The settings of `--policy NAME[:KEY=VALUE...]` when NAME is the configuration of an engine that reads its
+    server's flags (`--policy llamacpp:type=ngram-mod`); None otherwise."""
+    if args.policy is None or not _reads_flags(engine):
+        return None
+    name, own = split_variant(args.policy)
+    return own if name == engine.configuration else None
+
+
 def _flag_configs(args: argparse.Namespace, engine: Engine, settings: dict[str, str]) -> list[tuple[PolicyConfig, str]]:
     """An engine configured by its server's flags (--engine llamacpp): the one configuration --flags gives, as text
-    or in a file (--set may add its keys such as n_ctx_train)."""
+    or in a file, and `--policy llamacpp:KEY=VALUE` or --set may add its keys (such as n_ctx_train)."""
     policy = engine.configuration
     assert policy is not None
     params_class: Any = policy_class(policy).Params  # a Params that reads flags (`_reads_flags`)
+    own = _own_variant(args, engine)
+    if args.flags is None and own is None:
+        raise ConfigError(
+            f"--engine {engine.name} needs --flags TEXT|FILE (its server's flags, or a file of them) or --policy "
+            f"{policy}:KEY=VALUE..."
+        )
     if args.flags is None:
-        raise ConfigError(f"--engine {engine.name} needs --flags TEXT|FILE (its server's flags, or a file of them)")
-    path = flags_file(args.flags)
-    params = params_class.from_flags(args.flags) if path is None else params_class.from_flags_file(path)
+        params = params_class()
+    else:
+        path = flags_file(args.flags)
+        params = params_class.from_flags(args.flags) if path is None else params_class.from_flags_file(path)
+    both = sorted(set(own or {}) & set(settings))
+    if both:
+        raise ConfigError(f"--policy and --set both set {', '.join(both)}: give each once")
+    settings = {**(own or {}), **settings}
     twice = sorted(key for key in settings if getattr(params, key, None) != getattr(params_class(), key, None))
     if twice:
         raise ConfigError(f"--set {', '.join(twice)}: set by the flags already (each setting in one place)")
@@ -265,7 +285,7 @@ def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[Pol
     assert policy is not None
     source = "--flags (its server's own flags)" if _reads_flags(engine) else "--speculative-config (vLLM's own keys)"
     for flag, value in (
-        ("--policy", args.policy),
+        ("--policy", None if _own_variant(args, engine) is not None else args.policy),
         ("--config", args.config),
         ("--drafter", args.drafter),
         ("--max-draft", args.max_draft),

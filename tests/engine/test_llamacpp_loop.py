@@ -346,10 +346,25 @@ def test_sim_replay_takes_the_flags_as_pasted_or_in_a_file_and_prints_both_count
     assert row["params"]["type"] == "ngram-simple" and row["label"] == f"llamacpp:{flags}"
 
 
+def test_sim_replay_takes_the_configuration_as_a_policy_with_settings_too(capsys):
+    trace = str(ROOT / "traces" / "story.jsonl")
+    common = [trace, "--engine", "llamacpp", "--profile", "cpu-smollm2-135m-instruct", "--json"]
+    flags = "--spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 6"
+    assert replay_main([*common, "--flags", flags]) == 0
+    by_flags = json.loads(capsys.readouterr().out)
+    assert (
+        replay_main([*common, "--policy", "llamacpp:type=ngram-simple:ngram_simple_size_n=2:ngram_simple_size_m=6"])
+        == 0
+    )
+    by_policy = json.loads(capsys.readouterr().out)
+    assert by_policy == by_flags and by_policy["label"] == f"llamacpp:{flags}"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--engine", "llamacpp"], "--engine llamacpp needs --flags TEXT|FILE"),
+        (["--engine", "llamacpp", "--policy", "llamacpp:type=ngram-mod", "--set", "type=x"], "--policy and --set both"),
         (["--flags", "--spec-type ngram-mod"], "--flags configures llama-server: give it with --engine llamacpp"),
         (["--engine", "vllm", "--flags", "--spec-type ngram-mod"], "--flags configures llama-server"),
         (["--engine", "llamacpp", "--speculative-config", "{}"], "--speculative-config configures vLLM"),
