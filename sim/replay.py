@@ -445,11 +445,12 @@ def _margins_note(traces: list[Trace]) -> str | None:
 def _worlds(args: argparse.Namespace, traces: list[Trace]) -> list[World | None]:
     """Per trace, its place in the stream of requests under --as-stream (else None: each trace its own world)."""
     if args.as_stream and not engine_named(args.engine).streams:
-        # vLLM's cache keeps what each reply sampled (its EOS, drafts past the cap), which depends on the
-        # configuration: benchmarks/vllm_conformance.py builds such streams per configuration.
+        # vLLM's cache keeps what each reply sampled (its EOS, drafts past the cap), llama-server's types what its
+        # drafts were accepted, which depends on the configuration: their conformance benchmarks build such streams
+        # per configuration (benchmarks/vllm_conformance.py, benchmarks/llamacpp_conformance.py).
         raise ConfigError(
-            "--as-stream is for mlxcel's loop; with --engine vllm each trace is replayed as a request of its own "
-            "(benchmarks/vllm_conformance.py replays vLLM's suffix streams, docs/vllm.md section 5)"
+            f"--as-stream is for mlxcel's loop; with --engine {args.engine} each trace is replayed as a request of its "
+            f"own (benchmarks/{args.engine}_conformance.py replays its streams, docs/{args.engine}.md)"
         )
     if not args.as_stream:
         if args.stream_order is not None:
