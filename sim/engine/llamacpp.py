@@ -138,7 +138,7 @@ class LlamaCppRequest:
     def prefill(self) -> int:
         """The prompt, the speculator's `begin`, the first token; returns the tokens emitted (0 or 1)."""
         if self.settings.speculates:
-            self.speculator.begin(self.context)
+            self.speculator.begin(tuple(self.context))  # a copy: the context grows as tokens land
         landed = self._emit([self.target.prefill()], kv_after=self.prompt_length)
         if self.done:
             self._finish()
