@@ -89,9 +89,10 @@ def test_a_flags_file_may_span_lines_and_carry_comments(tmp_path):
         ("--spec-ngram-mod-n-match 0", "ngram_mod_n_match must be an integer in 1..1024, got 0"),
         ("--spec-ngram-simple-size-n 0", "ngram_simple_size_n must be an integer in 1..1024, got 0"),
         ("--spec-ngram-map-k-min-hits 0", "ngram_map_k_min_hits must be an integer in 1..65535, got 0"),
-        ("--spec-draft-n-max -1", "draft_n_max must be an integer in 0..2147483648, got -1"),
+        ("--spec-draft-n-max -1", "draft_n_max must be an integer in 0..2147483647, got -1"),
         ("-np 0", "parallel must be -1 or an integer in 1..65536, got 0"),
-        ("-n -2", "n_predict must be an integer in -1..2147483648, got -2"),
+        ("--spec-draft-n-min 2147483648", "draft_n_min must be an integer in -2147483648..2147483647"),
+        ("-n -2", "n_predict must be an integer in -1..2147483647, got -2"),
         (
             "--draft-max 8",
             "--draft-max was removed from llama-server: use --spec-draft-n-max or --spec-ngram-mod-n-max",
