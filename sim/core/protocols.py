@@ -226,6 +226,9 @@ class Engine:
     # the scheduler steps each one with (prefill, propose, verify: the same code as its replay); None: no serving.
     scheduler: ClassVar[str | None] = None
     request: ClassVar[Any] = None
+    # Whether its loop changes the drafter as it drives it (llama.cpp's begin and accept): each run then gets a
+    # drafter built afresh, never one a run before it drove.
+    drives_drafter: ClassVar[bool] = False
 
     def accepts(self, cls: type[Governor[Any]]) -> bool:
         """Whether this engine replays policy class `cls`."""
@@ -257,6 +260,12 @@ class Engine:
     ) -> Any:  # sim.engine.actions.LoopResult
         """Decode one request under `config`: counters, action log and tokens."""
         return type(self).decode(target, governor, self.settings(config), prompt, max_tokens, drafter, keep_iterations)
+
+    def counters_line(self, counters: dict[str, Any], lab: Any) -> str:
+        """The engine's own counters of a row (`LoopResult.engine.as_dict()`) for people, beside the lab's
+        (`lab`: the row's sim.engine.actions.Counters) where it shows them; only an engine that keeps counters of
+        its own is asked."""
+        raise NotImplementedError(f"engine {self.name} keeps no counters of its own")
 
     def unknowable(self, measured: dict[str, Any], replayed: dict[str, Any]) -> bool:
         """Whether a real run's counters (`measured`) differ from the replay's (`replayed`, the row's engine or loop
