@@ -65,7 +65,8 @@ def test_verdicts_exact_mismatch_and_flip(bench):
 
     off = copy.deepcopy(server)
     off[1]["metrics"]["spec_decode_num_drafts"] += 1
-    assert [r["verdict"] for r in bench["compare_config"](FLAGS, traces, off)] == ["exact", "mismatch", "exact", "exact"]
+    verdicts = [r["verdict"] for r in bench["compare_config"](FLAGS, traces, off)]
+    assert verdicts == ["exact", "mismatch", "exact", "exact"]
 
     flipped = copy.deepcopy(server)
     at = 5
