@@ -155,6 +155,16 @@ def test_metrics_text_parses_into_totals_and_a_per_position_list():
         parse_metrics("llamacpp:oops\n")
 
 
+def test_probabilities_line_up_with_tokens_where_the_server_left_some_out():
+    from sim.hardware.llamacpp.record import aligned
+
+    steps = [{"id": 5}, {"id": 7}, {"id": 8}]
+    assert aligned([5, 9, 7, 8], steps) == [steps[0], None, steps[1], steps[2]]  # 9 ended inside a character
+    assert aligned([5, 7, 8], steps) == steps
+    assert aligned([5, 5], [{"id": 5}]) is None  # which 5 has it: not one way only
+    assert aligned([5, 7], steps) is None  # an entry for no token
+
+
 def _sdist(path: Path, commit: str = build.COMMIT, extra: list[tarfile.TarInfo] | None = None) -> Path:
     """A small tarball laid out like the sdist: the submodule's HEAD file, a source file, a .git entry."""
     with tarfile.open(path, "w:gz") as tar:
