@@ -72,6 +72,21 @@ class Plan:
     seed: int = 0
 
 
+DENSE = 17  # widths measured one by one: every verify of up to 16 drafts, --spec-draft-n-max's range in practice
+SPARSE = 8  # beyond them, every 8th width and the widest; a one-thread forward's cost is linear in its width
+
+
+def measured_widths(max_width: int) -> list[int]:
+    """The widths timed: 1..17, then every 8th up to max_width, and max_width (ngram-mod drafts up to 64 by
+    default: width 65); the profile interpolates between them linearly."""
+    dense = list(range(1, min(max_width, DENSE) + 1))
+    return (
+        dense
+        + [w for w in range(DENSE + SPARSE - 1, max_width, SPARSE) if w > DENSE]
+        + ([max_width] if max_width > DENSE else [])
+    )
+
+
 class Tokens:
     """Fresh random token ids, each sample's first token differing from the last sample's, so that the prompt
     cache never matches beyond the prefix it was meant to keep."""
@@ -105,9 +120,9 @@ def forward_samples(server: Server, plan: Plan, tick: Callable[[], object] = lam
     only the new tokens are filled in) and over the widths in an order rotated every round."""
     tokens = Tokens(plan.seed)
     base = tokens.take(max(plan.contexts))
-    sync: dict[int, dict[int, list[float]]] = {n: {w: [] for w in range(1, plan.max_width + 1)} for n in plan.contexts}
+    widths = measured_widths(plan.max_width)
+    sync: dict[int, dict[int, list[float]]] = {n: {w: [] for w in widths} for n in plan.contexts}
     plain: dict[int, list[float]] = {n: [] for n in plan.contexts}
-    widths = list(range(1, plan.max_width + 1))
     half = plan.plain_steps // 2
     for round_ in range(plan.warmup + plan.rounds):
         keep = round_ >= plan.warmup
@@ -130,7 +145,8 @@ def forward_samples(server: Server, plan: Plan, tick: Callable[[], object] = lam
                 plain[n].append(float(t["predicted_ms"]) / plan.plain_steps)
             tick()
     for n in plan.contexts:
-        problems = shape_problems(plain[n], sync[n])
+        # the neighbour rule of shape_problems holds between consecutive widths: the dense ones
+        problems = shape_problems(plain[n], {w: v for w, v in sync[n].items() if w <= DENSE})
         if problems:
             raise ModelError(
                 f"llama-server forward timings at context {n} make no profile: {'; '.join(problems)} (is another "
@@ -219,7 +235,7 @@ def profile_data(
     contexts = sorted(forwards["sync"])
     pipelined, sync, gaps, notes = [], [], [], []
     for n in contexts:
-        d = [statistics.median(forwards["sync"][n][w]) for w in sorted(forwards["sync"][n])]
+        d = _every_width({w: statistics.median(v) for w, v in forwards["sync"][n].items()})
         step = statistics.median(forwards["plain"][n])
         gap = step - d[0]
         if gap < 0:
@@ -246,7 +262,8 @@ def profile_data(
         "source": header["source"],
         "notes": "; ".join(
             [
-                "d(w, n): median prompt_ms of a w-token forward after n - 1 cached tokens (llama-server timings); "
+                "d(w, n): median prompt_ms of a w-token forward after n - 1 cached tokens (llama-server timings), "
+                f"widths {_ranges(sorted(forwards['sync'][contexts[0]]))} timed, the others linear between them; "
                 "g(n): plain decoding's median ms per step around context n minus d(1, n); P = d(1, n), "
                 "S(w, n) = d(w, n) + g(n)",
                 *notes,
@@ -269,6 +286,14 @@ def profile_data(
     return data
 
 
+def _every_width(medians: dict[int, float]) -> list[float]:
+    """d(1..W) from the widths measured, linear between them."""
+    import numpy as np
+
+    widths = sorted(medians)
+    return [float(v) for v in np.interp(range(1, widths[-1] + 1), widths, [medians[w] for w in widths])]
+
+
 def _measurements(
     forwards: dict[str, Any], contexts: list[int], gaps: list[float], drafting: dict[str, dict[int, dict[str, float]]]
 ) -> dict[str, Any]:
@@ -277,13 +302,20 @@ def _measurements(
         "plain_step_ms": {str(n): _spread(forwards["plain"][n]) for n in contexts},
         "forward_ms": {str(n): {str(w): _spread(v) for w, v in sorted(forwards["sync"][n].items())} for n in contexts},
         "drafting": {
-            kind: {
-                str(n): {k: round(v, 6) if isinstance(v, float) and not v.is_integer() else int(v) for k, v in s.items()}
-                for n, s in by_n.items()
-            }
+            kind: {str(n): {k: _number(v) for k, v in s.items()} for n, s in by_n.items()}
             for kind, by_n in drafting.items()
         },
     }
+
+
+def _ranges(widths: list[int]) -> str:
+    dense = [w for w in widths if w <= DENSE]
+    return ", ".join([f"1..{dense[-1]}", *map(str, widths[len(dense) :])])
+
+
+def _number(value: float) -> float | int:
+    """Counts as whole numbers, times to the microsecond and below."""
+    return int(value) if float(value).is_integer() else round(value, 6)
 
 
 def _spread(samples: Sequence[float]) -> dict[str, Any]:
@@ -303,7 +335,7 @@ def measure(launch: Launch, plan: Plan, log_dir: Path, progress: bool = True) ->
     prefill in the same server, then each speculative type's drafting in a server of its own."""
     from sim.hardware.options import progress as progress_bar
 
-    total = (plan.warmup + plan.rounds) * len(plan.contexts) * (plan.max_width + 1)
+    total = (plan.warmup + plan.rounds) * len(plan.contexts) * (len(measured_widths(plan.max_width)) + 1)
     total += (plan.prefill_rounds + 1) * len(plan.contexts) + len(plan.spec_types) * len(plan.contexts)
     bar = progress_bar(total, "measure llama-server", "sample", enabled=progress)
     tick = lambda: bar.update(1)  # noqa: E731 - one-line counter shared by the three stages
@@ -313,3 +345,73 @@ def measure(launch: Launch, plan: Plan, log_dir: Path, progress: bool = True) ->
     drafting = drafting_samples(launch, plan, log_dir, tick)
     bar.close()
     return {"forwards": forwards, "prefill": prefill, "drafting": drafting}
+
+
+def command(args: Any, argv: list[str], contexts: list[int], steps: tuple[int, int], lengths: list[int]) -> int:
+    """sim.measure --engine llamacpp: the profile at --out, measured through llama-server (one slot, --threads or 1
+    thread, pinned to CPU 1 with this process on CPU 0 where there are two cores or more)."""
+    import datetime
+    import hashlib
+    import os
+    import shlex
+    import tempfile
+    from contextlib import contextmanager
+
+    from sim.core.errors import UserError
+    from sim.hardware import catalog
+    from sim.hardware.llamacpp.server import LlamaServer, server_binary
+    from sim.hardware.metering import profile_name, write_profile
+    from sim.hardware.provenance import cpu_model
+
+    if not contexts:
+        raise UserError("--engine llamacpp measures at context lengths: give --contexts N1,N2,... (e.g. 64,256,1024)")
+    gguf = Path(args.model) if str(args.model).endswith(".gguf") else catalog.gguf_path(args.model)
+    binary = server_binary()
+    threads = args.threads or 1
+    cores = sorted(os.sched_getaffinity(0))
+    cpu = cores[1] if len(cores) >= 2 else None
+    plan = Plan(
+        contexts=tuple(contexts),
+        max_width=args.max_width,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        plain_steps=steps[1],
+        prefill_rounds=args.prefill_rounds,
+        spec_types=SPEC_TYPES,
+        seed=args.seed,
+    )
+    ctx = max(contexts) + max(args.max_width, 2 * steps[1]) + 16
+
+    @contextmanager
+    def launch(flags: Sequence[str]) -> Any:
+        with LlamaServer(binary, gguf, list(flags), threads=threads, cpu=cpu, slots=1, ctx=ctx) as server:
+            yield server
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cores[0]})  # the client off the server's core
+    load_before = os.getloadavg()
+    try:
+        with tempfile.TemporaryDirectory(prefix="llamacpp-measure-") as logs:
+            m = measure(launch, plan, Path(logs))
+            with launch([]) as server:
+                build = str(server.props().get("build_info", "unknown"))
+    finally:
+        if cpu is not None:
+            os.sched_setaffinity(0, set(cores))
+    load_after = os.getloadavg()
+    digest = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    pin = f"pinned to CPU {cpu}, client on CPU {cores[0]}" if cpu is not None else "not pinned (one core)"
+    header = {
+        "name": profile_name(args),
+        "model": f"{args.model}: GGUF {gguf.name}, sha256 {digest}",
+        "machine": f"cpu: {cpu_model()}; llama-server build {build} (-t {threads} -tb {threads}, one slot, {pin}); "
+        f"load average {' '.join(f'{v:.2f}' for v in load_before)} before, "
+        f"{' '.join(f'{v:.2f}' for v in load_after)} after",
+        "date": datetime.date.today().isoformat(),
+        "source": f"measured by `python -m sim.measure {shlex.join(argv)}`: llama-server's own timings "
+        "(sim/hardware/llamacpp/measure.py)",
+    }
+    data = profile_data(m["forwards"], m["prefill"], m["drafting"], header)
+    write_profile(args.out, data)
+    print(f"{args.out}: P={data['pipelined_ms']} ms  S(1..W)={data['sync_ms']} ms  drafting={data['drafting_ms']}")
+    return 0
