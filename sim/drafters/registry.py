@@ -109,7 +109,8 @@ class DrafterConfig:
         kinds = getattr(self.params, "drafting_kinds", None)
         if kinds is not None:
             return (sum(costs.draft_call_ms(kind) for kind in kinds()) if costs is not None else 0.0), 0.0
-        return self.params.host_ms_per_lookup, self.params.host_ms_per_token
+        # a family whose parameters name no host cost (llamacpp: llama-server's flags only) costs nothing there
+        return getattr(self.params, "host_ms_per_lookup", 0.0), getattr(self.params, "host_ms_per_token", 0.0)
 
 
 def shipped(name: str) -> DrafterConfig:

@@ -70,6 +70,10 @@ def request_drafter(trace: Trace, config: PolicyConfig, world: World | None = No
         return drafter_for(trace, loop.ngram_min, loop.ngram_max)
     family = drafter_class(config.drafter.name)
     place = world if family.cross_request else None
+    if config.engine.drives_drafter:  # the loop changes it (llama.cpp's begin and accept): one per run, never cached
+        return family.for_request(
+            config.drafter.params, loop, trace.prompt_tokens + trace.tokens, len(trace.prompt_tokens), place
+        )
     key = (trace.sha256 or trace.path, config.drafter, place, loop.ngram_min, loop.ngram_max)
     if key in _OTHER_DRAFTERS:
         _OTHER_DRAFTERS.move_to_end(key)
@@ -246,7 +250,8 @@ class ReplayRow:
             "tok_s": tokens_per_second(generated, self.time_ms),
             "plain_tok_s": tokens_per_second(generated, self.plain_time_ms),
             **({"stream": {"index": self.stream[0], "requests": self.stream[1]}} if self.stream else {}),
-            **({"vllm": self.engine} if self.engine is not None else {}),
+            # the engine's own counters under its name ("vllm": vLLM's spec_decode names)
+            **({self.config.engine.name: self.engine} if self.engine is not None else {}),
             # which of `params` the policy's own parameters chose (a distilled model's training), not the user
             **({"loop_from": {"settings": chosen, "source": self.config.loop_source()}} if chosen else {}),
         }
