@@ -164,3 +164,23 @@ def test_measuring_through_a_real_server_writes_a_profile_that_parses(tmp_path):
         assert profile.device_ms(3, n) > profile.device_ms(1, n) > 0 and profile.host_gap_ms(n) >= 0
     assert profile.prefill_ms(96) > profile.prefill_ms(16)
     assert set(profile.as_dict()["drafting_ms"]) == {"ngram-simple", "ngram-mod"}
+
+
+def test_replay_charges_each_lookup_the_profiles_drafting_cost_of_the_configured_types():
+    from policies.llamacpp import LlamaServerParams
+    from sim.engine.trace import read_trace
+    from sim.rows.config import make_config
+    from sim.rows.replay import Request, play
+
+    trace = read_trace(str(ROOT / "traces" / "recorded" / "smollm2-135m-instruct" / "write.jsonl"))
+    params = LlamaServerParams.from_flags("--spec-type ngram-simple,ngram-map-k --spec-ngram-simple-size-n 3 -np 1")
+    values = {k: v for k, v in vars(params).items() if v != getattr(LlamaServerParams(), k)}
+    config = make_config("llamacpp", values)
+    base = {"pipelined_ms": 10.0, "sync_ms": [10.5, *(10.5 + 7 * w for w in range(1, 49))]}
+    free = play(Request(trace=trace, config=config, profile=profile_from_dict(base, "x")))
+    cost = {"ngram-simple": 0.25, "ngram-map-k": 0.5, "ngram-mod": 100.0}  # ngram-mod is not configured
+    priced = play(Request(trace=trace, config=config, profile=profile_from_dict({**base, "drafting_ms": cost}, "x")))
+    lookups = len(free.result.lookups)
+    assert lookups > 0 and priced.result.actions == free.result.actions
+    assert priced.row.time_ms == pytest.approx(free.row.time_ms + 0.75 * lookups)
+    assert priced.row.plain_time_ms == free.row.plain_time_ms  # plain decoding drafts nothing
