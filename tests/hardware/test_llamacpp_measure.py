@@ -31,7 +31,7 @@ HEADER = {"name": "t", "model": "m", "machine": "c", "date": "2026-12-04", "sour
 
 def _samples() -> tuple[dict, dict, dict]:
     """Samples shaped like forward_samples', prefill_samples' and drafting_samples' (two contexts, widths 1..17
-    and 24, 25; a forward's cost grows by 7 ms a token and 1 ms per 100 tokens of context)."""
+    and 25; a forward's cost grows by 7 ms a token and 1 ms per 100 tokens of context)."""
     widths = measured_widths(25)
     sync = {n: {w: [3 + 7 * w + n / 100 + k for k in (0.0, 0.4, -0.2)] for w in widths} for n in (64, 512)}
     plain = {n: [sync[n][1][0] + 0.5, sync[n][1][0] + 0.7, sync[n][1][0] + 0.6] for n in (64, 512)}
@@ -61,8 +61,9 @@ def test_the_profile_written_from_samples_reads_back_as_replay_reads_it(tmp_path
         assert profile.host_gap_ms(n) == pytest.approx(gap, abs=1e-3)
         for w in measured_widths(25):
             assert profile.device_ms(w, n) == pytest.approx(d[w], abs=1e-3)
-        # widths between 17 and 24 are linear between the two timed ones
-        assert profile.device_ms(20, n) == pytest.approx(d[17] + 3 / 7 * (d[24] - d[17]), abs=1e-3)
+        # widths between 17 and 25 are linear between the two timed ones
+        assert measured_widths(25)[-2:] == [17, 25]
+        assert profile.device_ms(20, n) == pytest.approx(d[17] + 3 / 8 * (d[25] - d[17]), abs=1e-3)
     # drafting: ms per draft call over every call of the kind, contexts pooled
     assert profile.draft_call_ms("ngram-simple") == pytest.approx((30 * 0.001 + 10 * 0.003) / 40)
     assert profile.draft_call_ms("ngram-mod") == pytest.approx(0.002)
@@ -70,12 +71,16 @@ def test_the_profile_written_from_samples_reads_back_as_replay_reads_it(tmp_path
     assert profile.prefill_ms(512) > profile.prefill_ms(64) > 0
 
 
-def test_a_plain_step_below_the_one_token_forward_gives_no_negative_gap(tmp_path):
+def test_a_plain_step_below_the_one_token_forward_anchors_every_width_and_leaves_no_gap(tmp_path):
     forwards, prefill, drafting = _samples()
     forwards["plain"][64] = [v - 5.0 for v in forwards["plain"][64]]
     data = profile_data(forwards, prefill, drafting, HEADER)
-    assert data["measurements"]["host_gap_ms"]["64"] == 0.0 and "at 64: plain decoding's step" in data["notes"]
-    assert data["pipelined_ms"][0] == data["sync_ms"][0][0]
+    assert data["measurements"]["host_gap_ms"]["64"] == 0.0 and "at 64: d(1)" in data["notes"]
+    step = statistics.median(forwards["plain"][64])
+    d1, d2 = (statistics.median(forwards["sync"][64][w]) for w in (1, 2))
+    # a step is plain decoding's step; a wider forward adds what prompt_ms adds per token
+    assert data["pipelined_ms"][0] == data["sync_ms"][0][0] == pytest.approx(step, abs=1e-3)
+    assert data["sync_ms"][0][1] == pytest.approx(step + d2 - d1, abs=1e-3)
 
 
 def test_the_drafting_term_is_checked_and_charged_only_where_measured(tmp_path):
