@@ -247,18 +247,20 @@ def per_arm(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(gguf: Path, profile: Profile, reps: int, cap: int, per_group: int) -> dict[str, Any]:
-    """Measure, replay and compare: the result's body (rows, per-arm summary, runs without their tokens)."""
-    items = prompts(per_group)
-    runs = measure(gguf, ARMS, items, reps, cap)
+def run(
+    gguf: Path, profile: Profile, arms: dict[str, str], items: list[tuple[str, list[int]]], reps: int, cap: int
+) -> dict[str, Any]:
+    """Measure, replay and compare: the result's body (rows, per-arm summary, runs without their tokens). The arm
+    `none` (no flags) gives each prompt's trace: its first repetition's tokens."""
+    runs = measure(gguf, arms, items, reps, cap)
     plain = {r["prompt"]: r["tokens"] for r in runs if r["arm"] == "none" and r["rep"] == 0}
     traces = {name: trace_of(name, prompt, plain[name], cap) for name, prompt in items}
     predictions = {
-        (arm, name): predict(traces[name], flags, profile) for arm, flags in ARMS.items() for name, _ in items
+        (arm, name): predict(traces[name], flags, profile) for arm, flags in arms.items() for name, _ in items
     }
     rows = rows_of(runs, predictions, traces)
     return {
-        "arms": ARMS,
+        "arms": arms,
         "traces": {name: {"prompt_tokens": len(t.prompt_tokens), "sha256": t.sha256} for name, t in traces.items()},
         "per_arm": per_arm(rows),
         "rows": rows,
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     gguf = catalog.gguf_path(MODEL)
     profile = load_profile(str(PROFILE))
     before = loadavg()
-    body = run(gguf, profile, args.reps, args.cap, args.per_group)
+    body = run(gguf, profile, ARMS, prompts(args.per_group), args.reps, args.cap)
     after = loadavg()
     result = {
         "command": command_line("benchmarks/llamacpp_closed_loop.py", argv),
