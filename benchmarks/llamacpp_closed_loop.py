@@ -189,7 +189,9 @@ def predicted_rates(p: dict[str, Any]) -> tuple[float, float]:
     return 1000.0 * (p["generated"] - 1) / (p["time_ms"] - p["prefill_ms"]), 1000.0 * p["generated"] / p["time_ms"]
 
 
-def rows_of(runs: list[dict[str, Any]], predictions: dict[tuple[str, str], dict[str, Any]], traces: dict[str, Trace]):
+def rows_of(
+    runs: list[dict[str, Any]], predictions: dict[tuple[str, str], dict[str, Any]], traces: dict[str, Trace]
+) -> list[dict[str, Any]]:
     """One row per (arm, prompt): measured medians over the repetitions, their spread, the prediction, the errors."""
     out = []
     for (arm, name), p in predictions.items():
@@ -229,7 +231,7 @@ def per_arm(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
-        entry = {}
+        entry: dict[str, Any] = {}
         for kind in ("decode", "whole"):
             measured = geomean([r[f"{kind}_tok_s_measured"] for r in mine])
             predicted = geomean([r[f"{kind}_tok_s_predicted"] for r in mine])
