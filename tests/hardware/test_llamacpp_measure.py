@@ -189,3 +189,20 @@ def test_replay_charges_each_lookup_the_profiles_drafting_cost_of_the_configured
     assert lookups > 0 and priced.result.actions == free.result.actions
     assert priced.row.time_ms == pytest.approx(free.row.time_ms + 0.75 * lookups)
     assert priced.row.plain_time_ms == free.row.plain_time_ms  # plain decoding drafts nothing
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "smollm2-135m-instruct", "--serving", "--contexts", "64,128"], "--serving measures vLLM's"),
+        (["--model", "smollm2-135m-instruct"], "--engine llamacpp measures at context lengths: give --contexts"),
+        (["--arch", "tiny", "--contexts", "64,128"], "--engine llamacpp measures a GGUF model on the CPU"),
+    ],
+)
+def test_measure_refuses_what_llama_server_cannot_measure_in_one_line(tmp_path, capsys, extra, message):
+    from sim.measure import main
+
+    assert main(["--engine", "llamacpp", "--out", str(tmp_path / "p.yaml"), *extra]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+    assert not (tmp_path / "p.yaml").exists()

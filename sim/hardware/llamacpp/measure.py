@@ -15,10 +15,10 @@ samples, and only then builds the next step. Its reply's `timings` time two span
 So per context n: d(w, n) = the median prompt_ms of a w-token forward (widths interleaved round by round, fresh
 tokens in every sample so nothing beyond the n - 1 prefix is ever cached), and step(n) = plain decoding's median
 time per step around context n. The profile (docs/profiles.md) anchors a step at plain decoding's:
-S(w, n) = d(w, n) + step(n) - d(1, n), host gap g(n) = max(step(n) - d(1, n), 0) and P = S(1, n) - g(n). Prefill: prompt_ms of an uncached
-prompt of each grid length, fitted. Drafting: each `--spec-type` in a server of its own at trace verbosity, whose
-per-implementation statistics (printed when a request ends) count draft calls and their total time; the ms per
-draft call goes in the profile's `drafting_ms`.
+S(w, n) = d(w, n) + step(n) - d(1, n), host gap g(n) = max(step(n) - d(1, n), 0) and P = S(1, n) - g(n).
+Prefill: prompt_ms of an uncached prompt of each grid length, fitted. Drafting: each `--spec-type` in a server of
+its own at trace verbosity, whose per-implementation statistics (printed when a request ends) count draft calls
+and their total time; the ms per draft call goes in the profile's `drafting_ms`.
 """
 
 from __future__ import annotations
@@ -373,13 +373,10 @@ def command(args: Any, argv: list[str], contexts: list[int], steps: tuple[int, i
     import tempfile
     from contextlib import contextmanager
 
-    from sim.core.errors import UserError
     from sim.hardware.llamacpp.server import LlamaServer, server_binary
     from sim.hardware.metering import profile_name, write_profile
     from sim.hardware.provenance import cpu_model
 
-    if not contexts:
-        raise UserError("--engine llamacpp measures at context lengths: give --contexts N1,N2,... (e.g. 64,256,1024)")
     binary = server_binary()
     threads = args.threads or 1
     cores = sorted(os.sched_getaffinity(0))
