@@ -35,17 +35,7 @@ def _load() -> ModuleType:
 
 
 @pytest.mark.llamacpp
-def test_a_small_closed_loop_run_adds_up():
-    from sim.core.errors import UserError
-    from sim.hardware import catalog
-    from sim.hardware.llamacpp.server import server_binary
-
-    try:
-        server_binary()
-    except UserError as err:
-        pytest.skip(f"no llama-server: {err}")
-    if not catalog.is_cached("smollm2-135m-instruct"):
-        pytest.skip("SmolLM2-135M-Instruct not cached (python -m sim.models fetch smollm2-135m-instruct)")
+def test_a_small_closed_loop_run_adds_up(llama_binary, llama_gguf):
     loop = _load()
     prompt = list(read_trace(str(ROOT / "traces/recorded/smollm2-135m-instruct/write.jsonl")).prompt_tokens)
     arms = {
@@ -54,7 +44,7 @@ def test_a_small_closed_loop_run_adds_up():
     }
     cap, reps = 12, 2
     body = loop.run(
-        catalog.gguf_path("smollm2-135m-instruct"),
+        llama_gguf,
         load_profile(str(loop.PROFILE)),
         arms,
         [("write", prompt)],

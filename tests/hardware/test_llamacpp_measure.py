@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import statistics
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import yaml
@@ -118,28 +117,11 @@ def test_the_committed_profile_prices_every_width_the_closed_loop_asks_for():
 # ------------------------------------------------------------------------------------------------ a real server
 
 
-def _server_or_skip() -> tuple[Path, Path]:
-    from sim.core.errors import UserError
-    from sim.hardware.llamacpp.server import server_binary
-
-    try:
-        binary = server_binary()
-    except UserError as err:
-        pytest.skip(f"no llama-server: {err}")
-    gguf = Path("/nonexistent")
-    from sim.hardware import catalog
-
-    if not catalog.is_cached("smollm2-135m-instruct"):
-        pytest.skip("SmolLM2-135M-Instruct not cached (python -m sim.models fetch smollm2-135m-instruct)")
-    gguf = catalog.gguf_path("smollm2-135m-instruct")
-    return binary, gguf
-
-
 @pytest.mark.llamacpp
-def test_measuring_through_a_real_server_writes_a_profile_that_parses(tmp_path):
+def test_measuring_through_a_real_server_writes_a_profile_that_parses(tmp_path, llama_binary, llama_gguf):
     from sim.hardware.llamacpp.server import LlamaServer
 
-    binary, gguf = _server_or_skip()
+    binary, gguf = llama_binary, llama_gguf
 
     @contextmanager
     def launch(flags):
