@@ -68,16 +68,19 @@ ARMS = {
 }
 
 
-def prompts(per_group: int) -> list[tuple[str, list[int]]]:
-    """(name, prompt tokens) of the prompts the loop runs."""
+def prompt_files(per_group: int) -> list[Path]:
+    """The traces whose prompts the loop runs: `per_group` of each corpus group, or the five benchmark prompts."""
     if CORPUS.is_dir() and any(CORPUS.glob("*.jsonl")):
         groups: dict[str, list[Path]] = {}
         for path in sorted(CORPUS.glob("*.jsonl")):
             groups.setdefault(recorded_group(path.stem), []).append(path)
-        paths = [p for group in sorted(groups) for p in groups[group][:per_group]]
-    else:
-        paths = [BENCHMARK / f"{name}.jsonl" for name in FIVE]
-    return [(p.stem, list(read_trace(str(p)).prompt_tokens)) for p in paths]
+        return [p for group in sorted(groups) for p in groups[group][:per_group]]
+    return [BENCHMARK / f"{name}.jsonl" for name in FIVE]
+
+
+def prompts(per_group: int) -> list[tuple[str, list[int]]]:
+    """(name, prompt tokens) of the prompts the loop runs."""
+    return [(p.stem, list(read_trace(str(p)).prompt_tokens)) for p in prompt_files(per_group)]
 
 
 @contextlib.contextmanager
@@ -354,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         "build": body["runs"][0]["build"],
         "model": {"name": MODEL, "gguf": gguf.name},
         "profile": {"path": str(PROFILE.relative_to(ROOT)), "sha256": profile.sha256},
+        "prompt_files": {
+            p.stem: {"path": str(p.relative_to(ROOT)), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+            for p in prompt_files(args.per_group)
+        },
         "cap": args.cap,
         "reps": args.reps,
         "machine": {"loadavg_before": before, "loadavg_after": after, "nice": os.nice(0)},
