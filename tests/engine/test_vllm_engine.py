@@ -18,6 +18,7 @@ from sim.core.errors import ConfigError
 from sim.drafters.lookup import PromptLookup
 from sim.drafters.ngram import VllmNgramIndex, scan
 from sim.engine import vllm
+from sim.engine.costs import profiles_pricing
 from sim.engine.trace import TraceTarget, read_trace
 from sim.replay import main as replay_main
 from sim.rows.config import make_config
@@ -456,10 +457,17 @@ def test_a_width_the_profile_lacks_names_the_bundled_profiles_that_price_it(caps
     err = capsys.readouterr().err
     assert "width 25 was asked for (lower num_speculative_tokens" in err
     assert err.rstrip().endswith(
-        "no bundled profile prices width 25; the widest, cpu-smollm2-135m-instruct, measures 1..16"
+        "bundled profiles that price width 25: cpu-llamacpp-smollm2-135m-instruct (--profile NAME)"
     )
     spec = '{"method": "suffix", "num_speculative_tokens": 12}'
     assert replay_main([*argv, spec]) == 2
     err = capsys.readouterr().err
-    assert err.rstrip().endswith("bundled profiles that price width 13: cpu-smollm2-135m-instruct (--profile NAME)")
+    assert err.rstrip().endswith(
+        "bundled profiles that price width 13: cpu-llamacpp-smollm2-135m-instruct, cpu-smollm2-135m-instruct "
+        "(--profile NAME)"
+    )
     assert replay_main([*argv, spec, "--profile", "cpu-smollm2-135m-instruct"]) == 0
+    # wider than any bundled profile (vLLM's own bound, 64 drafts, is priced): the widest there is
+    assert profiles_pricing(66) == (
+        "no bundled profile prices width 66; the widest, cpu-llamacpp-smollm2-135m-instruct, measures 1..65"
+    )
