@@ -191,6 +191,10 @@ class LlamaCppSlotsScheduler:
             live.computed = min(reuse, len(prompt) - 1)  # at least one prompt token is processed
             slot.live = live
             self.slot_of[live.rid] = slot
+            speculator = live.request.speculator
+            if hasattr(speculator, "seq"):
+                # a view of one server's speculation (sim/drafters/llamacpp): its per-slot state is this slot's
+                speculator.seq = slot.id
             self.running.append(live)
 
     # -- 2-3. the batch
