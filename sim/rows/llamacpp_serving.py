@@ -78,7 +78,7 @@ def run_llamacpp_serving(
     row = summarize(
         result,
         label=label,
-        policy="llamacpp",
+        policy="llamacpp" if params.speculates else "none",  # a row without speculation is the tables' base
         params={"llama_server_flags": params.argv()},
         load=record,
         profile=profile_meta,
