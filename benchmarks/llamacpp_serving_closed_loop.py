@@ -55,6 +55,7 @@ from sim.rows.serving import Slo, emitted_and_itls  # noqa: E402
 
 SPEC = "--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
 PROFILE = "traces/profiles/serving/cpu-llamacpp-smollm2-135m-instruct-q4_1.yaml"
+CLIENT = {"cache_prompt": True}  # what the load's requests ask (_llamacpp_load.py): llama-server's default
 KEYS = ("throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99")
 
 
@@ -168,7 +169,7 @@ def predict(configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Ar
                 label=label,
                 costs=ProfileCosts(profile),
                 profile_meta={"name": profile.name, "sha256": profile.sha256},
-                slots=slots_params(params),
+                slots=slots_params(params, CLIENT),
                 slo=Slo(),
                 load={"rate": rate},
                 driver="recurrence",
@@ -287,7 +288,7 @@ def main() -> int:
         "profile": {"name": profile.name, "sha256": profile.sha256, "path": args.profile},
         "corpus": {"path": args.corpus, "traces": {t.name: t.sha256 for t in traces}},
         "configs": {label: " ".join(params.argv()) for label, params in configs.items()},
-        "slots": {label: dataclasses.asdict(slots_params(p)) for label, p in configs.items()},
+        "slots": {label: dataclasses.asdict(slots_params(p, CLIENT)) for label, p in configs.items()},
         "requests_per_run": args.requests,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,

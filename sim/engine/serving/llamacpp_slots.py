@@ -48,9 +48,14 @@ class SlotsParams:
     batch_size: int = param(2048, "logical batch (-b): the most tokens one step carries, decodes and prompt chunks")
     ubatch_size: int = param(512, "physical batch (-ub): llama.cpp splits a step's forward into such pieces")
     slot_prompt_similarity: float = param(0.1, "-sps: a cached prefix above this fraction of a prompt picks its slot")
-    cache_prompt: bool = param(True, "a request reuses the common prefix its slot holds (the request's cache_prompt)")
+    # llama-server's own default is true; the lab's client (LlamaServer.completion) sends false unless asked, and
+    # replay processes every prompt whole: off, one request at a time steps exactly as replay does.
+    cache_prompt: bool = param(False, "a request reuses the common prefix its slot holds (the request's cache_prompt)")
     cont_batching: bool = param(True, "-cb: prompt chunks join steps that decode (off: only steps that do not)")
     n_predict: int = param(-1, "-n: the server's cap on generated tokens (-1: none); a request's own cap replaces it")
+    # What the server's --spec-* flags make of a slot (LlamaServerParams.speculates and .n_max): no per-step K here.
+    speculates: bool = param(False, "the server's flags enable a speculative type (a slot drafts each step)")
+    n_max: int = param(0, "the longest draft of the enabled types (common_speculative_n_max)")
 
     def __post_init__(self) -> None:
         check_range("parallel", self.parallel, 1, 1 << 16, "an integer")
@@ -58,6 +63,7 @@ class SlotsParams:
         check_range("batch_size", self.batch_size, 1, 1 << 24, "an integer")
         check_range("ubatch_size", self.ubatch_size, 1, 1 << 24, "an integer")
         check_range("n_predict", self.n_predict, -1, 1 << 30, "an integer")
+        check_range("n_max", self.n_max, 0, 1 << 20, "an integer")
         if not 0.0 <= self.slot_prompt_similarity <= 1.0:
             raise ConfigError(f"slot_prompt_similarity must be in 0..1, got {self.slot_prompt_similarity}")
 
@@ -120,11 +126,11 @@ class LlamaCppSlotsScheduler:
         request_factory: Callable[..., Any],
     ) -> None:
         self.params = params
-        # llama-server has no per-step K: a slot drafts up to its speculator's own length. The policy says only
-        # whether the configuration speculates and its longest draft (policies/llamacpp.py gives it).
+        # llama-server has no per-step K: a slot drafts up to its speculator's own length, whatever the policy asks
+        # (the policy only hears of requests that finish).
         self.policy = policy
-        self.speculates = policy.speculates
-        self.n_max = policy.max_k if policy.speculates else 0
+        self.speculates = params.speculates
+        self.n_max = params.n_max if params.speculates else 0
         self.drafter = drafter
         self.max_tokens = max_tokens
         self.request_factory = request_factory
