@@ -302,22 +302,17 @@ def test_serve_refuses_the_other_engines_settings_with_one_line(capsys, extra, m
 # ---------------------------------------------------------------- against the real llama-server
 
 
-def test_the_real_server_picks_slots_and_reuses_prefixes_as_the_model_does():
+@pytest.mark.llamacpp
+def test_the_real_server_picks_slots_and_reuses_prefixes_as_the_model_does(llama_binary, llama_gguf):
     """Sequential requests on a fresh `-np 3` server: every reply's slot (`id_slot`) and reused prefix
     (`timings.cache_n`) are what choose_slot and the slot's cache (prompt and reply but its last token) predict."""
-    import os
-
     from sim.engine.serving.llamacpp_slots import common_prefix
     from sim.hardware.llamacpp.server import LlamaServer
 
-    binary = os.environ.get("DRAFTLAB_LLAMA_SERVER")
-    gguf = os.environ.get("DRAFTLAB_LLAMA_GGUF")
-    if not binary or not gguf:
-        pytest.skip("set DRAFTLAB_LLAMA_SERVER and DRAFTLAB_LLAMA_GGUF to run against a real llama-server")
     a, b, c = list(range(100, 140)), list(range(200, 240)), list(range(300, 340))
     prompts = [a, b, c, a[:30] + list(range(400, 410)), list(range(500, 540)), b[:4] + list(range(600, 636)), a]
     slots = [Slot(i) for i in range(3)]
-    with LlamaServer(binary, gguf, ["--cache-ram", "0"], slots=3, ctx=3 * 512) as server:
+    with LlamaServer(llama_binary, llama_gguf, ["--cache-ram", "0"], slots=3, ctx=3 * 512) as server:
         for stamp, prompt in enumerate(prompts, start=1):
             slot = choose_slot(slots, prompt, 0.1)
             assert slot is not None
