@@ -23,7 +23,7 @@ from sim.engine.serving.scheduler import SCHEDULERS
 from sim.engine.serving_costs import ServingProfile
 from sim.engine.trace import read_trace
 from sim.rows.config import make_config
-from sim.rows.llamacpp_serving import slots_params
+from sim.rows.llamacpp_serving import ServerSpeculation, slots_params
 from sim.rows.replay import Request, play, request_drafter
 from sim.serve import main as serve_main
 
@@ -323,3 +323,25 @@ def test_the_real_server_picks_slots_and_reuses_prefixes_as_the_model_does(llama
             slot.cached = prompt + reply["tokens"][:-1]
             assert reply["tokens_cached"] == len(slot.cached)
             slot.released = stamp
+
+
+def test_one_server_speculation_is_shared_by_the_slots_each_request_drafting_as_its_slot(traces):
+    """llama-server keeps one common_speculative for all slots: every request's speculator is a view of it, keyed
+    by the slot the request got (fresh slots fill from the highest)."""
+    params = from_flags(f"-np 4 -c 8192 {SPEC}")
+    arrivals = [Arrival(0.0, t) for t in traces[:6]]
+    run_engine = Engine(
+        make_speculation("none", {}),
+        ProfileCosts(CPU_LIKE),
+        slots_params(params),
+        ServerSpeculation(params),
+        engine=LlamaCpp(),
+    )
+    result = recurrence(run_engine, arrivals)
+    speculators = [live.request.speculator for live in result.requests]
+    assert len({id(s.speculation) for s in speculators}) == 1
+    assert [s.seq for s in speculators[:4]] == [3, 2, 1, 0]
+    stats = speculators[0].stats()["ngram-simple"]
+    assert stats["n_call_begin"] == 6 and stats["n_gen_drafts"] > 0
+    for live in result.requests:
+        assert live.request.out.tokens == list(live.trace.tokens)
