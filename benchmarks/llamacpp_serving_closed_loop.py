@@ -55,6 +55,7 @@ from sim.rows.serving import Slo, emitted_and_itls  # noqa: E402
 
 SPEC = "--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
 PROFILE = "traces/profiles/serving/cpu-llamacpp-smollm2-135m-instruct-q4_1.yaml"
+STEP_GAP_S = 0.002  # a decode step takes ~10 ms or more here
 CLIENT = {"cache_prompt": True}  # what the load's requests ask (_llamacpp_load.py): llama-server's default
 KEYS = ("throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99")
 
@@ -65,6 +66,19 @@ def p99(values: Sequence[float] | np.ndarray) -> float:
 
 def mean(values: Sequence[float] | np.ndarray) -> float:
     return float(np.mean(values)) if len(values) else math.nan
+
+
+def emitting_steps(chunks: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """The server's steps that emitted tokens, from the stream: llama-server sends each token of a verify as its own
+    chunk, microseconds apart, so chunks closer than STEP_GAP_S to the one before are one step (the serving model's
+    ITL splits a step's gap over the tokens it emitted)."""
+    steps: list[tuple[float, int]] = []
+    for at, n in chunks:
+        if steps and at - steps[-1][0] < STEP_GAP_S:
+            steps[-1] = (at, steps[-1][1] + n)
+        else:
+            steps.append((at, n))
+    return steps
 
 
 def measured_metrics(records: list[RequestRecord], arrivals: list[Arrival], cap: int) -> dict[str, Any]:
@@ -84,7 +98,8 @@ def measured_metrics(records: list[RequestRecord], arrivals: list[Arrival], cap:
         e2es.append((record.chunks[-1][0] - record.sent_s) * 1000)
         if count > 1:
             tpots.append((record.chunks[-1][0] - record.first_token_s) * 1000 / (count - 1))
-        for (before, _), (at, n) in zip(record.chunks, record.chunks[1:], strict=False):
+        steps = emitting_steps(record.chunks)
+        for (before, _), (at, n) in zip(steps, steps[1:], strict=False):
             itls += [(at - before) * 1000 / n] * n
     sent = [r.sent_s for r in records if r.sent_s is not None]
     last = [r.chunks[-1][0] for r in records if r.chunks]
