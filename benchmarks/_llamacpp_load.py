@@ -25,9 +25,8 @@ SLOT_FLAGS = ("--cache-ram", "0")
 
 @dataclass
 class RequestRecord:
-    """What the client saw of one request: (arrival, tokens) per chunk with tokens, the tokens (the EOS is not
-    streamed; it counts as landing with the final chunk, as llama-server counts it predicted), and the final
-    chunk's slot, stop and timings."""
+    """What the client saw of one request: (arrival, tokens) per chunk with tokens, the tokens (an EOS it stopped
+    at included: llama-server streams it, and counts it predicted), and the final chunk's slot, stop and timings."""
 
     index: int
     scheduled_s: float
@@ -69,8 +68,6 @@ def _read_stream(response: http.client.HTTPResponse, record: RequestRecord, star
             record.stop_type = event.get("stop_type")
             record.tokens_predicted = event.get("tokens_predicted")
             record.timings = dict(event.get("timings") or {})
-            if record.stop_type == "eos" and record.chunks:
-                record.chunks.append((now, 1))
             return
 
 

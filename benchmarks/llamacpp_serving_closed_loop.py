@@ -90,7 +90,8 @@ def measured_metrics(records: list[RequestRecord], arrivals: list[Arrival], cap:
         if record.error is not None or record.sent_s is None or record.first_token_s is None:
             errors.append(f"{record.index}: {record.error}")
             continue
-        if record.tokens != list(arrival.trace.tokens[:cap]):
+        reply = record.tokens[:-1] if record.stop_type == "eos" else record.tokens  # the trace leaves its EOS out
+        if reply != list(arrival.trace.tokens[:cap]):
             mismatched.append(record.index)
         count = sum(n for _, n in record.chunks)
         tokens += count
