@@ -4,7 +4,6 @@ best.yaml."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from optuna.trial import FrozenTrial
 from sim.core.progress import progress as stage_progress
 from sim.engine.timing import speedup
 from sim.rows.config import PolicyConfig
+from sim.rows.exports import export_for
 from sim.rows.headroom import row_oracle_ms
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
@@ -187,14 +187,10 @@ def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
         "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
         f"over {len(on_matrix(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
     }
-    if facts.config.own_keys:  # what to paste into `vllm serve --speculative-config`
-        out["speculative_config"] = speculative_json(facts.config)
+    export = export_for(facts.config.policy)
+    if export is not None:  # what to paste into the engine's server (vLLM's speculative_config, llama-server's flags)
+        out[export.key] = export.text(facts.config.params)
     return out
-
-
-def speculative_json(config: PolicyConfig) -> str:
-    """A vLLM configuration's speculative_config as the one-line JSON `vllm serve --speculative-config` takes."""
-    return json.dumps(config.params.speculative_config(), separators=(", ", ": "))
 
 
 def _paths(matrix: MatrixEvaluator) -> set[str]:
