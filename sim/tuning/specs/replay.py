@@ -194,9 +194,7 @@ def _engine(r: Reader, raw: dict[str, Any]) -> dict[str, Any]:
     if policy is not None:  # an engine configured by its own keys: its policy is that configuration
         raw = {"policy": policy, **raw}
         if raw["policy"] != policy or "drafter" in raw:
-            raise r.fail(
-                f"engine: {name} tunes its own keys (policy {policy}; they choose the drafter)", "engine"
-            )
+            raise r.fail(f"engine: {name} tunes its own keys (policy {policy}; they choose the drafter)", "engine")
     return raw
 
 
