@@ -53,6 +53,23 @@ class Drafter(Protocol):
     def draft(self, context: Sequence[int], max_draft: int) -> Draft: ...
 
 
+class Speculator(Drafter, Protocol):
+    """A drafter with llama.cpp's per-slot life cycle (sim/drafters/llamacpp/, docs/llamacpp.md section 2): `begin`
+    at a request's start, one `propose` per decode step (which may change its state: call it once per step), then
+    `accept` with the number of drafted tokens the target accepted when the draft was not empty."""
+
+    def begin(self, prompt: Sequence[int]) -> None: ...  # common_speculative_begin (slot start)
+
+    # common_speculative_draft for this slot: context = every token so far (prompt + generated, the last sampled
+    # one included = id_last); max_draft = the slot's n_max for this step; returns the draft (already truncated to
+    # max_draft), [] when no impl drafted
+    def propose(self, context: Sequence[int], max_draft: int) -> list[int]: ...
+
+    def accept(self, accepted: int) -> None: ...  # common_speculative_accept
+
+    def stats(self) -> dict[str, Any]: ...  # per-impl counters as llama.cpp keeps them
+
+
 # ---------------------------------------------------------------- target and forward costs
 
 
@@ -240,6 +257,12 @@ class Engine:
     ) -> Any:  # sim.engine.actions.LoopResult
         """Decode one request under `config`: counters, action log and tokens."""
         return type(self).decode(target, governor, self.settings(config), prompt, max_tokens, drafter, keep_iterations)
+
+    def counters_line(self, counters: dict[str, Any], lab: Any) -> str:
+        """The engine's own counters of a row (`LoopResult.engine.as_dict()`) for people, beside the lab's
+        (`lab`: the row's sim.engine.actions.Counters) where it shows them; only an engine that keeps counters of
+        its own is asked."""
+        raise NotImplementedError(f"engine {self.name} keeps no counters of its own")
 
     def unknowable(self, measured: dict[str, Any], replayed: dict[str, Any]) -> bool:
         """Whether a real run's counters (`measured`) differ from the replay's (`replayed`, the row's engine or loop

@@ -254,6 +254,17 @@ class Vllm(Engine):
         # vLLM's per-step record against the replay's: only the last step may differ, past what the trace recorded
         return unknowable(measured["per_step_drafted"], measured["per_step_accepted"], replayed)
 
+    def counters_line(self, counters: dict[str, Any], lab: Any) -> str:
+        """vLLM's own counters, as its per-request spec_decode_metrics names them."""
+        drafts, accepted = counters["num_drafts"], counters["num_accepted_tokens"]
+        return (
+            f"[vLLM spec decode] steps={counters['steps']} num_drafts={drafts} "
+            f"num_draft_tokens={counters['num_draft_tokens']} num_accepted_tokens={accepted} "
+            f"accepted_per_pos={counters['num_accepted_tokens_per_pos']} "
+            f"mean_acceptance_length={1 + accepted / drafts if drafts else 1.0:.2f}"
+            + (f" unknown_steps={counters['unknown_steps']}" if counters["unknown_steps"] else "")
+        )
+
     def settings(self, config: EngineConfig) -> int | None:
         return config.params.max_model_len  # the loop's settings are vLLM's keys: the context limit is the one it reads
 

@@ -246,7 +246,8 @@ class ReplayRow:
             "tok_s": tokens_per_second(generated, self.time_ms),
             "plain_tok_s": tokens_per_second(generated, self.plain_time_ms),
             **({"stream": {"index": self.stream[0], "requests": self.stream[1]}} if self.stream else {}),
-            **({"vllm": self.engine} if self.engine is not None else {}),
+            # the engine's own counters under its name ("vllm": vLLM's spec_decode names)
+            **({self.config.engine.name: self.engine} if self.engine is not None else {}),
             # which of `params` the policy's own parameters chose (a distilled model's training), not the user
             **({"loop_from": {"settings": chosen, "source": self.config.loop_source()}} if chosen else {}),
         }

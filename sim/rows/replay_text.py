@@ -5,7 +5,6 @@ policy with the oracle's headroom."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from policies import policy_class
 from sim.core.params import LoopParams
@@ -16,18 +15,6 @@ from sim.rows.labels import fit_labels
 from sim.rows.replay import ReplayRow, geomean
 
 LABEL_WIDTH = 24  # a policy column's label, at most
-
-
-def _vllm_line(engine: dict[str, Any]) -> str:
-    """vLLM's own counters, as its per-request spec_decode_metrics names them."""
-    drafts, accepted = engine["num_drafts"], engine["num_accepted_tokens"]
-    return (
-        f"[vLLM spec decode] steps={engine['steps']} num_drafts={drafts} "
-        f"num_draft_tokens={engine['num_draft_tokens']} num_accepted_tokens={accepted} "
-        f"accepted_per_pos={engine['num_accepted_tokens_per_pos']} "
-        f"mean_acceptance_length={1 + accepted / drafts if drafts else 1.0:.2f}"
-        + (f" unknown_steps={engine['unknown_steps']}" if engine["unknown_steps"] else "")
-    )
 
 
 def _slower_line(row: ReplayRow) -> str:
@@ -46,7 +33,7 @@ def _slower_line(row: ReplayRow) -> str:
 def human(row: ReplayRow, best: dict[OracleKey, float] | None = None) -> str:
     c = row.counters
     if row.engine is not None:
-        first = _vllm_line(row.engine)
+        first = row.config.engine.counters_line(row.engine, c)
     else:
         first = (
             f"[Prompt lookup] rounds={c.rounds} drafted_rounds={c.drafted_rounds} paused_rounds={c.paused_rounds} "
