@@ -4,7 +4,8 @@ an engine's name."""
 
 from __future__ import annotations
 
-import sim.rows.vllm_export  # noqa: F401  (each module registers its export)
+import sim.rows.llamacpp_export  # noqa: F401  (each module registers its export)
+import sim.rows.vllm_export  # noqa: F401
 from sim.rows.exporting import REGISTRY, Export
 
 
