@@ -168,7 +168,11 @@ class LlamaServerParams:
     def drafter_settings(self) -> dict[str, Any]:
         """The lab's drafter for this configuration as flat settings: the `llamacpp` family with every speculation
         setting (`speculative_settings`)."""
-        return {"drafter": "llamacpp", **{f"drafter.{k}": v for k, v in self.speculative_settings().items()}}
+        flat = {f"drafter.{k}": v for k, v in self.speculative_settings().items()}
+        # flat settings are read as text, where "none" means no value: no type is the empty list, which the family
+        # reads alike
+        flat["drafter.type"] = "" if self.type == NONE else self.type
+        return {"drafter": "llamacpp", **flat}
 
     def argv(self) -> list[str]:
         """The llama-server flags that set what differs from its defaults, in this class's field order."""
@@ -184,6 +188,16 @@ class LlamaServerParams:
             else:
                 out += [flag, str(value)]
         return out
+
+    @classmethod
+    def from_flags(cls, text: str, where: str = "--flags") -> LlamaServerParams:
+        """`from_flags` below: the configuration of llama-server flags as pasted."""
+        return from_flags(text, where)
+
+    @classmethod
+    def from_flags_file(cls, path: str) -> LlamaServerParams:
+        """`read_flags_file` below: the configuration of a file of llama-server flags."""
+        return read_flags_file(path)
 
     def command_line(self, model: str = "MODEL.gguf") -> str:
         """The llama-server command that runs this configuration (MODEL: the GGUF the traces were recorded with)."""

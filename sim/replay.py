@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from policies import REGISTRY
+from policies import REGISTRY, policy_class
 from policies.vllm import SPECULATIVE_KEYS, read_speculative_config, speculative_config_file
 from sim import cli
 from sim.core.errors import ConfigError, ProfileError, TraceError, UserError
@@ -97,6 +99,12 @@ def _add_configuration(parser: argparse.ArgumentParser) -> None:
         metavar="JSON|FILE",
         help="with --engine vllm: vLLM's speculative_config as given to vllm serve, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 4}\', or a file holding it (docs/vllm.md)',
+    )
+    parser.add_argument(
+        "--flags",
+        metavar="TEXT|FILE",
+        help="with --engine llamacpp: llama-server's flags, e.g. '--spec-type ngram-mod', or a file of them "
+        "(docs/llamacpp.md)",
     )
     parser.add_argument(
         "--policy",
@@ -212,11 +220,50 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _reads_flags(engine: Engine) -> bool:
+    """Whether an engine's configuration is given as its server's flags (llama-server: `Params.from_flags`) rather
+    than as vLLM's speculative_config JSON."""
+    return engine.configuration is not None and hasattr(policy_class(engine.configuration).Params, "from_flags")
+
+
+def _refuse_other_sources(args: argparse.Namespace, engine: Engine) -> None:
+    """--speculative-config is vLLM's, --flags llama-server's: each only with its engine."""
+    if args.speculative_config is not None and (engine.configuration is None or _reads_flags(engine)):
+        raise ConfigError("--speculative-config configures vLLM: give it with --engine vllm")
+    if args.flags is not None and not _reads_flags(engine):
+        raise ConfigError("--flags configures llama-server: give it with --engine llamacpp")
+
+
+def flags_file(text: str | None) -> str | None:
+    """The file `--flags TEXT|FILE` names, or None when it is the flags themselves (they start with a dash)."""
+    if text is None or text.lstrip().startswith("-") or not text.strip():
+        return None
+    return text
+
+
+def _flag_configs(args: argparse.Namespace, engine: Engine, settings: dict[str, str]) -> list[tuple[PolicyConfig, str]]:
+    """An engine configured by its server's flags (--engine llamacpp): the one configuration --flags gives, as text
+    or in a file (--set may add its keys such as n_ctx_train)."""
+    policy = engine.configuration
+    assert policy is not None
+    params_class: Any = policy_class(policy).Params  # a Params that reads flags (`_reads_flags`)
+    if args.flags is None:
+        raise ConfigError(f"--engine {engine.name} needs --flags TEXT|FILE (its server's flags, or a file of them)")
+    path = flags_file(args.flags)
+    params = params_class.from_flags(args.flags) if path is None else params_class.from_flags_file(path)
+    twice = sorted(key for key in settings if getattr(params, key, None) != getattr(params_class(), key, None))
+    if twice:
+        raise ConfigError(f"--set {', '.join(twice)}: set by the flags already (each setting in one place)")
+    config = make_config(policy, {**dataclasses.asdict(params), **settings})
+    return [(config, f"{policy}:" + (shlex.join(config.params.argv()) or "defaults"))]
+
+
 def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[PolicyConfig, str]]:
     """An engine configured by its own keys (--engine vllm): the one configuration --speculative-config gives (--set
     may add its keys such as max_model_len), or a --compare list of its variants."""
     policy = engine.configuration
     assert policy is not None
+    source = "--flags (its server's own flags)" if _reads_flags(engine) else "--speculative-config (vLLM's own keys)"
     for flag, value in (
         ("--policy", args.policy),
         ("--config", args.config),
@@ -226,11 +273,11 @@ def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[Pol
         ("--ngram-max", args.ngram_max),
     ):
         if value is not None:
-            raise ConfigError(
-                f"--engine {engine.name} takes its settings from --speculative-config (vLLM's own keys), not {flag}"
-            )
+            raise ConfigError(f"--engine {engine.name} takes its settings from {source}, not {flag}")
     settings = parse_assignments(args.settings, "--set")
     if args.compare is not None:
+        if args.flags is not None:
+            raise ConfigError(f"--flags and --compare cannot be combined: list {policy}:KEY=VALUE variants")
         if args.speculative_config is not None:
             raise ConfigError("--speculative-config and --compare cannot be combined: list vllm:KEY=VALUE variants")
         configs = []
@@ -244,6 +291,8 @@ def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[Pol
         if twice:
             raise ConfigError(f"--compare lists the same configuration more than once: {', '.join(twice)}")
         return [(config, config.label()) for config in configs]
+    if _reads_flags(engine):
+        return _flag_configs(args, engine, settings)
     if args.speculative_config is None:
         raise ConfigError(f"--engine {engine.name} needs --speculative-config JSON|FILE (vLLM's speculative_config)")
     params = read_speculative_config(args.speculative_config)
@@ -257,10 +306,9 @@ def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[Pol
 def _configs(args: argparse.Namespace) -> list[tuple[PolicyConfig, str]]:
     """The configurations to replay, each with its label."""
     engine = engine_named(args.engine)
+    _refuse_other_sources(args, engine)
     if engine.configuration is not None:
         return _own_key_configs(args, engine)
-    if args.speculative_config is not None:
-        raise ConfigError("--speculative-config configures vLLM: give it with --engine vllm")
     return _mlxcel_configs(args)
 
 
@@ -411,7 +459,7 @@ def _replay(args: argparse.Namespace) -> int:
     _once([Path(path) for path in args.traces], TraceError, "trace file")
     traces = [read_trace(path) for path in args.traces]
     spec_file = speculative_config_file(args.speculative_config)
-    others = [*map(str, profile_paths), *(f for f in (args.config, spec_file) if f)]
+    others = [*map(str, profile_paths), *(f for f in (args.config, spec_file, flags_file(args.flags)) if f)]
     if args.force and not args.rounds_out:
         raise ConfigError("--force replaces an existing --rounds-out file; without --rounds-out it has nothing to do")
     _check_rounds_out(args.rounds_out, args.traces, others, args.force)

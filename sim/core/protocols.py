@@ -226,6 +226,9 @@ class Engine:
     # the scheduler steps each one with (prefill, propose, verify: the same code as its replay); None: no serving.
     scheduler: ClassVar[str | None] = None
     request: ClassVar[Any] = None
+    # Whether its loop changes the drafter as it drives it (llama.cpp's begin and accept): each run then gets a
+    # drafter built afresh, never one a run before it drove.
+    drives_drafter: ClassVar[bool] = False
 
     def accepts(self, cls: type[Governor[Any]]) -> bool:
         """Whether this engine replays policy class `cls`."""

@@ -103,7 +103,8 @@ class DrafterConfig:
 
     def host_cost(self) -> tuple[float, float]:
         """(ms per lookup, ms per proposed token) the host spends drafting (docs/drafters.md, section 6)."""
-        return self.params.host_ms_per_lookup, self.params.host_ms_per_token
+        # a family whose parameters name no host cost (llamacpp: llama-server's flags only) costs nothing there
+        return getattr(self.params, "host_ms_per_lookup", 0.0), getattr(self.params, "host_ms_per_token", 0.0)
 
 
 def shipped(name: str) -> DrafterConfig:

@@ -7,7 +7,7 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.protocols import Engine, Governor
-from sim.engine import mlxcel, vllm  # noqa: F401  (each module registers its engine)
+from sim.engine import llamacpp, mlxcel, vllm  # noqa: F401  (each module registers its engine)
 from sim.engine.registry import REGISTRY
 
 # The engine a policy runs on when nothing names one: mlxcel's loop replays every governor.

@@ -26,27 +26,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from sim.core.errors import ConfigError
-from sim.core.protocols import Engine, EngineConfig, Governor, Target
+from sim.core.protocols import Engine, EngineConfig, Governor, Speculator, Target
 from sim.engine.actions import LoopResult
 from sim.engine.registry import register
 from sim.engine.vllm import unknowable as last_step_unknowable
-
-
-class Speculator(Protocol):
-    """What the slot loop calls of its request's speculator (the llamacpp drafter family): llama.cpp's
-    common_speculative_begin, _draft (for this slot, already cut to `max_draft`) and _accept, and its per-type
-    statistics."""
-
-    def begin(self, prompt: Sequence[int]) -> None: ...
-
-    def propose(self, context: Sequence[int], max_draft: int) -> list[int]: ...
-
-    def accept(self, accepted: int) -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -118,7 +104,7 @@ class LlamaCppRequest:
         settings: SlotSettings,
         prompt: Sequence[int],
         max_tokens: int | None,
-        speculator: Any,  # a Speculator
+        speculator: Speculator,
         keep_iterations: bool = False,
     ) -> None:
         self.target, self.settings, self.speculator = target, settings, speculator
@@ -251,7 +237,7 @@ def run(
     settings: SlotSettings,
     prompt: Sequence[int],
     max_tokens: int | None,
-    drafter: Any,  # a Speculator
+    drafter: Speculator,
     keep_iterations: bool = False,
 ) -> LoopResult:
     """Decode one request in one slot until EOS, n_predict (`max_tokens`, else the server's -n) or the slot's
@@ -297,7 +283,7 @@ class LlamaCpp(Engine):
     """llama-server's slot loop with draft-model-free speculation, one request at a time; its configuration is the
     `llamacpp` policy (llama-server's own flags), which sets the loop and the drafter."""
 
-    summary = "llama-server's slot loop with n-gram speculation, configured by its --spec-* flags; docs/llamacpp.md"
+    summary = "llama-server's slot loop, configured by --flags; docs/llamacpp.md"
     configuration = "llamacpp"
     width_key = "the draft length (--spec-ngram-*-size-m, --spec-ngram-mod-n-max)"
     # ngram-mod's hash table and ngram-cache's dynamic cache live on in the server across requests: a stream is
@@ -305,6 +291,7 @@ class LlamaCpp(Engine):
     streams = False
     scheduler = None  # the slots scheduler registers itself here once it exists
     request = LlamaCppRequest
+    drives_drafter = True  # begin and accept change the speculator's state
     decode = staticmethod(run)
 
     def settings(self, config: EngineConfig) -> SlotSettings:

@@ -70,6 +70,10 @@ def request_drafter(trace: Trace, config: PolicyConfig, world: World | None = No
         return drafter_for(trace, loop.ngram_min, loop.ngram_max)
     family = drafter_class(config.drafter.name)
     place = world if family.cross_request else None
+    if config.engine.drives_drafter:  # the loop changes it (llama.cpp's begin and accept): one per run, never cached
+        return family.for_request(
+            config.drafter.params, loop, trace.prompt_tokens + trace.tokens, len(trace.prompt_tokens), place
+        )
     key = (trace.sha256 or trace.path, config.drafter, place, loop.ngram_min, loop.ngram_max)
     if key in _OTHER_DRAFTERS:
         _OTHER_DRAFTERS.move_to_end(key)

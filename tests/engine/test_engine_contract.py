@@ -35,6 +35,18 @@ def replayed(engine: str) -> list[str]:
 
 
 CASES = [(engine, policy) for engine in engine_names() for policy in replayed(engine)]
+# Configurations run beside each policy's defaults, where the defaults leave rules unexercised (llama-server's
+# defaults do not speculate): each of its n-gram types, and several at once.
+MORE = {
+    "llamacpp": [
+        {"type": "ngram-simple", "ngram_simple_size_n": "2", "ngram_simple_size_m": "6"},
+        {"type": "ngram-map-k,ngram-map-k4v", "ngram_map_k_size_n": "3", "ngram_map_k_size_m": "8"},
+        {"type": "ngram-mod,ngram-cache", "ngram_mod_n_match": "4", "ngram_mod_n_min": "1", "ngram_mod_n_max": "8"},
+    ]
+}
+SETTINGS = [(engine, policy, {}) for engine, policy in CASES] + [
+    (engine, policy, settings) for engine, policy in CASES for settings in MORE.get(policy, [])
+]
 
 
 def test_every_engine_replays_some_policy_and_every_policy_has_one_engine():
@@ -53,10 +65,14 @@ def test_an_unknown_engine_is_a_user_error_naming_the_registered_ones():
 
 
 @pytest.mark.parametrize("trace_path", TRACES, ids=lambda p: f"{p.parent.name}-{p.stem}")
-@pytest.mark.parametrize(("engine", "policy"), CASES, ids=[f"{e}-{p}" for e, p in CASES])
-def test_a_run_is_deterministic_lossless_and_its_books_agree(engine, policy, trace_path):
+@pytest.mark.parametrize(
+    ("engine", "policy", "settings"),
+    SETTINGS,
+    ids=[f"{e}-{p}" + (f"-{make_config(p, s).label()}" if s else "") for e, p, s in SETTINGS],
+)
+def test_a_run_is_deterministic_lossless_and_its_books_agree(engine, policy, settings, trace_path):
     trace = read_trace(trace_path)
-    config = make_config(policy, {})
+    config = make_config(policy, settings)
     assert config.engine == engine_named(engine)
     result = run_trace(trace, config, costs=COSTS, keep_iterations=True)
     again = run_trace(trace, config, costs=COSTS, keep_iterations=True)

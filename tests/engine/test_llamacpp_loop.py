@@ -7,16 +7,22 @@ Speculator protocol whose drafts are written out per context length, so that eve
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import ROOT
 
 from policies.llamacpp import LlamaServerParams, from_flags
 from sim.core.errors import ConfigError
 from sim.engine.llamacpp import LlamaCpp, LlamaCppRequest, SlotSettings, check_prompt, run
-from sim.engine.trace import TraceTarget
+from sim.engine.trace import TraceTarget, read_trace
+from sim.replay import main as replay_main
+from sim.rows.config import make_config
+from sim.rows.replay import run_trace
 
 EOS = 2
 PROMPT = [11, 12, 13, 14]
@@ -252,3 +258,83 @@ def test_the_engine_reads_the_slot_from_the_flags():
     assert got == SlotSettings(n_ctx=256, n_predict=50, speculates=True, n_max=16)
     with pytest.raises(ConfigError, match="exceeds the slot's context of 256"):
         LlamaCpp().check_request("t.jsonl", [1] * 256, Holder(params))
+
+
+# ---------------------------------------------------------------- with the llamacpp drafter family
+
+
+def test_ngram_mods_n_min_drops_a_short_draft_so_the_step_decodes_one_token():
+    """A draft shorter than --spec-ngram-mod-n-min is dropped before the verify: no verify step, no counters."""
+    trace = read_trace(ROOT / "traces" / "story.jsonl")
+    counts = {}
+    for n_min in (1, 12):
+        flags = (
+            f"--spec-type ngram-mod --spec-ngram-mod-n-match 2 --spec-ngram-mod-n-min {n_min} --spec-ngram-mod-n-max 12"
+        )
+        config = make_config("llamacpp", dataclasses.asdict(from_flags(flags)))
+        out = run_trace(trace, config)
+        assert out.tokens == list(trace.tokens[: len(out.tokens)])
+        e = out.engine
+        assert all(drafted >= n_min for drafted in e.per_step_drafted)  # a shorter draft never reached a verify
+        counts[n_min] = e.spec_decode_num_drafts
+    assert counts[1] > counts[12] > 0
+
+
+def test_with_the_real_family_the_counters_agree_with_the_speculators_own_and_with_the_books():
+    trace = read_trace(ROOT / "traces" / "edit_fn.jsonl")
+    flags = "--spec-type ngram-simple,ngram-mod --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 6 "
+    flags += "--spec-ngram-mod-n-match 3 --spec-ngram-mod-n-min 1 --spec-ngram-mod-n-max 10"
+    config = make_config("llamacpp", dataclasses.asdict(from_flags(flags)))
+    out = run_trace(trace, config)
+    e, c = out.engine, out.counters
+    per_type = e.speculator
+    assert set(per_type) == {"ngram-simple", "ngram-mod"}
+    assert sum(t["n_gen_tokens"] for t in per_type.values()) == e.spec_decode_num_draft_tokens > 0
+    assert sum(t["n_acc_tokens"] for t in per_type.values()) == e.spec_decode_num_accepted_tokens
+    assert sum(t["n_call_accept"] for t in per_type.values()) == e.spec_decode_num_drafts
+    assert len(e.spec_decode_num_accepted_tokens_per_pos) == 10  # the longest type's: ngram-mod's n_max
+    assert sum(e.spec_decode_num_accepted_tokens_per_pos) == e.spec_decode_num_accepted_tokens
+    assert (c.drafted_rounds, c.proposed, c.accepted) == (
+        e.spec_decode_num_drafts,
+        e.spec_decode_num_draft_tokens,
+        e.spec_decode_num_accepted_tokens,
+    )
+    assert e.predicted_n == c.generated + (e.stop_type == "eos")
+    assert run_trace(trace, config).engine == e  # each run drives a speculator of its own
+
+
+# ---------------------------------------------------------------- sim.replay
+
+
+def test_sim_replay_takes_the_flags_as_pasted_or_in_a_file_and_prints_both_counters(tmp_path, capsys):
+    flags = "--spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 6"
+    trace = str(ROOT / "traces" / "story.jsonl")
+    common = [trace, "--engine", "llamacpp", "--profile", "cpu-smollm2-135m-instruct"]
+    assert replay_main([*common, "--flags", flags]) == 0
+    text = capsys.readouterr().out
+    assert "[llama.cpp spec decode] steps=" in text and "\n[Lab] rounds=" in text
+    assert f"llamacpp:{flags}" in text
+    path = tmp_path / "flags.txt"
+    path.write_text(f"# the flags\n{flags}\n")
+    assert replay_main([*common, "--flags", str(path), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["llamacpp"]["spec_decode_num_drafts"] == row["drafted_rounds"] > 0
+    assert row["params"]["type"] == "ngram-simple" and row["label"] == f"llamacpp:{flags}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine", "llamacpp"], "--engine llamacpp needs --flags TEXT|FILE"),
+        (["--flags", "--spec-type ngram-mod"], "--flags configures llama-server: give it with --engine llamacpp"),
+        (["--engine", "vllm", "--flags", "--spec-type ngram-mod"], "--flags configures llama-server"),
+        (["--engine", "llamacpp", "--speculative-config", "{}"], "--speculative-config configures vLLM"),
+        (["--engine", "llamacpp", "--flags", "--spec-type ngram-moe"], "--flags: unknown spec type 'ngram-moe'"),
+        (["--engine", "llamacpp", "--flags", "--spec-type ngram-mod", "--policy", "gated"], "not --policy"),
+        (["--engine", "llamacpp", "--flags", "-c 64", "--set", "n_ctx_train=16"], "exceeds the slot's context of 16 "),
+    ],
+)
+def test_sim_replay_refuses_a_wrong_llamacpp_command_in_one_line(args, message, capsys):
+    assert replay_main([str(ROOT / "traces" / "story.jsonl"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1

@@ -205,6 +205,7 @@ def test_the_drafter_gets_every_speculation_setting_and_nothing_else():
     flat = params.drafter_settings()
     assert flat["drafter"] == "llamacpp"
     assert {k.removeprefix("drafter."): v for k, v in flat.items() if k != "drafter"} == settings
+    assert LlamaServerParams().drafter_settings()["drafter.type"] == ""  # no type: "none" would read as no value
 
 
 def test_a_yaml_configuration_takes_the_same_keys_and_refuses_unknown_ones():

@@ -78,7 +78,7 @@ def test_replay_help_is_short_and_still_names_every_flag_policy_and_parameter():
         env={**os.environ, "COLUMNS": "80"},
     )
     lines = done.stdout.splitlines()
-    assert len(lines) <= 110, len(lines)
+    assert len(lines) <= 120, len(lines)  # three engines, each with its configuration's flag and parameters
     assert max(len(line) for line in lines) <= 120
     for action in build_parser()._actions:
         for option in action.option_strings:

@@ -56,8 +56,8 @@ class LlamaCppSpecParams:
                 f"llamacpp drafter: missing setting(s) {', '.join(missing)}; the drafter takes every --spec-* value "
                 "(LlamaServerParams.drafter_settings() gives them all)"
             )
-        assert self.type is not None  # for mypy: checked just above
-        self.types()  # names checked
+        # One spelling per set of types (llama.cpp keeps a set, tried in its own order): equal settings compare equal.
+        object.__setattr__(self, "type", ",".join(self.types()))
         check_range("draft_n_max", self._int("draft_n_max"), 0, INT32_MAX)
         check_range("draft_n_min", self._int("draft_n_min"), -INT32_MAX - 1, INT32_MAX)
         for family in ("ngram_simple", "ngram_map_k", "ngram_map_k4v"):
