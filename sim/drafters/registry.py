@@ -101,8 +101,14 @@ class DrafterConfig:
     def every_setting(self) -> dict[str, Any]:
         return {KEY: self.name, **{PREFIX + k: v for k, v in dataclasses.asdict(self.params).items()}}
 
-    def host_cost(self) -> tuple[float, float]:
-        """(ms per lookup, ms per proposed token) the host spends drafting (docs/drafters.md, section 6)."""
+    def host_cost(self, costs: Any = None) -> tuple[float, float]:
+        """(ms per lookup, ms per proposed token) the host spends drafting (docs/drafters.md, section 6). A family
+        whose parameters name the drafting kinds each lookup runs (`Params.drafting_kinds()`, e.g. llama-server's
+        speculative types) is priced by the cost profile `costs` instead: its measured ms per draft call of each
+        kind, summed (a profile that measured no drafting charges 0)."""
+        kinds = getattr(self.params, "drafting_kinds", None)
+        if kinds is not None:
+            return (sum(costs.draft_call_ms(kind) for kind in kinds()) if costs is not None else 0.0), 0.0
         # a family whose parameters name no host cost (llamacpp: llama-server's flags only) costs nothing there
         return getattr(self.params, "host_ms_per_lookup", 0.0), getattr(self.params, "host_ms_per_token", 0.0)
 

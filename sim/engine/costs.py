@@ -41,6 +41,8 @@ KEYS = {
     "sync_ms": "S(1..W): synchronous forward of width w incl. reading it on the host, ms (v2: one list per context)",
     "extend": "beyond width W: error (default) or flat (cost of width W)",
     "prefill": "optional {fixed_ms, per_prompt_token_ms, per_prompt_token2_ms, source}: time to the first token",
+    "drafting_ms": "optional {kind: ms}: host ms per draft call of each drafting kind measured (e.g. llama-server's "
+    "speculative types)",
     "measurements": "optional: per-grid-point medians and spreads, as measured (not read by replay)",
     "model": "model the numbers were measured with",
     "machine": "hardware and software stack",
@@ -68,6 +70,7 @@ class CostProfile:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     sha256: str = ""
     prefill_per_token2_ms: float = 0.0  # quadratic term, where a measurement supports one
+    drafting: tuple[tuple[str, float], ...] = ()  # (kind, host ms per draft call), as measured; () when not
     # d(w) for w = 1..W, derived once: the timing model asks for one per forward, millions per study.
     _device: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
     _gap: float = field(init=False, repr=False, compare=False, default=0.0)
@@ -146,6 +149,9 @@ class CostProfile:
         """Fail early, before a replay, when a configuration can ask for a width this profile lacks."""
         self.sync(width)
 
+    def draft_call_ms(self, kind: str) -> float:
+        return _draft_call(self.name, self.drafting, kind)
+
     def as_dict(self) -> dict[str, Any]:
         """What result files record about the profile that produced them."""
         return {
@@ -157,7 +163,19 @@ class CostProfile:
             "prefill_fixed_ms": self.prefill_fixed_ms,
             "prefill_per_token_ms": self.prefill_per_token_ms,
             **({"prefill_per_token2_ms": self.prefill_per_token2_ms} if self.prefill_per_token2_ms else {}),
+            **({"drafting_ms": dict(self.drafting)} if self.drafting else {}),
         }
+
+
+def _draft_call(name: str, drafting: tuple[tuple[str, float], ...], kind: str) -> float:
+    """Host ms per draft call of `kind`: 0 on a profile that measured no drafting; a kind the profile's drafting
+    term lacks is an error naming the ones it has (pricing it as free would flatter it)."""
+    if not drafting:
+        return 0.0
+    found = dict(drafting)
+    if kind not in found:
+        raise ProfileError(f"profile {name} measured the drafting of {', '.join(found)}, not of {kind}")
+    return found[kind]
 
 
 def _prefill(fixed: float, per_token: float, per_token2: float, n: int) -> float:
@@ -182,6 +200,7 @@ class ContextProfile:
     prefill_per_token2_ms: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     sha256: str = ""
+    drafting: tuple[tuple[str, float], ...] = ()  # (kind, host ms per draft call), as measured; () when not
 
     def __post_init__(self) -> None:
         if not self.contexts or len(self.contexts) != len(self.points):
@@ -226,6 +245,9 @@ class ContextProfile:
     def check_width(self, width: int) -> None:
         self.points[0].sync(width)
 
+    def draft_call_ms(self, kind: str) -> float:
+        return _draft_call(self.name, self.drafting, kind)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -237,6 +259,7 @@ class ContextProfile:
             "prefill_fixed_ms": self.prefill_fixed_ms,
             "prefill_per_token_ms": self.prefill_per_token_ms,
             "prefill_per_token2_ms": self.prefill_per_token2_ms,
+            **({"drafting_ms": dict(self.drafting)} if self.drafting else {}),
         }
 
 
@@ -314,6 +337,7 @@ def profile_from_dict(
     per_token2_ms = _number(
         prefill.get("per_prompt_token2_ms", 0.0), at, "prefill.per_prompt_token2_ms", "prefill", "per_prompt_token2_ms"
     )
+    drafting = _drafting(raw.get("drafting_ms"), at)
     try:
         if "contexts" not in raw:
             return CostProfile(
@@ -326,6 +350,7 @@ def profile_from_dict(
                 prefill_per_token2_ms=per_token2_ms,
                 meta=meta,
                 sha256=sha256,
+                drafting=drafting,
             )
         contexts = _contexts(raw["contexts"], at)
         return ContextProfile(
@@ -338,9 +363,26 @@ def profile_from_dict(
             prefill_per_token2_ms=per_token2_ms,
             meta=meta,
             sha256=sha256,
+            drafting=drafting,
         )
     except Invalid as err:
         raise ProfileError(f"{at.where(*err.key)}: {err}") from None
+
+
+def _drafting(raw: Any, at: KeyLines) -> tuple[tuple[str, float], ...]:
+    """The optional `drafting_ms` term: a mapping of drafting kinds to host ms per draft call (0 allowed: too fast
+    to time), in the file's order."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not raw or not all(isinstance(k, str) and one_line(k) for k in raw):
+        raise ProfileError(f"{at.where('drafting_ms')}: drafting_ms must map drafting kinds to milliseconds")
+    out = []
+    for kind, value in raw.items():
+        ms = _number(value, at, f"drafting_ms.{kind}", "drafting_ms", kind)
+        if not 0.0 <= ms <= MAX_MS:
+            raise ProfileError(f"{at.where('drafting_ms', kind)}: drafting_ms.{kind} must be 0..{MAX_MS:g} ms")
+        out.append((kind, ms))
+    return tuple(out)
 
 
 def _widths(raw: Any, at: KeyLines, *key: str) -> tuple[float, ...]:

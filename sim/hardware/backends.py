@@ -86,6 +86,14 @@ class Vllm(Backend):
     commands = "sim.hardware.vllm.commands"
 
 
+@register("llamacpp")
+class LlamaCpp(Backend):
+    """A real llama-server over HTTP on loopback (sim/hardware/llamacpp/)."""
+
+    engine = "llamacpp"
+    commands = "sim.hardware.llamacpp.commands"
+
+
 def backend_names() -> list[str]:
     """`--engine`'s choices: the default backend, then the others by name."""
     return sorted(REGISTRY, key=lambda name: (name != DEFAULT_BACKEND, name))

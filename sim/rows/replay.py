@@ -312,7 +312,7 @@ def play(request: Request, keep_iterations: bool = False) -> Played:
         jitter=request.jitter,
         model=request.model,
         keep_host_times=keep_iterations,
-        drafting=config.drafter.host_cost(),
+        drafting=config.drafter.host_cost(request.profile),
     )
     row = ReplayRow(
         trace=trace,

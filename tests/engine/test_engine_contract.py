@@ -183,5 +183,5 @@ def test_every_hardware_backend_runs_a_registered_engine_and_torch_runs_the_defa
     for name in backend_names():
         assert backend_named(name).replays() == engine_named(backend_named(name).engine)
     assert backend_named(DEFAULT_BACKEND).replays() == engine_named(DEFAULT_ENGINE)
-    with pytest.raises(ConfigError, match="unknown hardware backend 'nope'; registered: torch, vllm"):
+    with pytest.raises(ConfigError, match="unknown hardware backend 'nope'; registered: llamacpp, torch, vllm"):
         backend_named("nope")

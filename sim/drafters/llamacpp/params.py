@@ -93,6 +93,11 @@ class LlamaCppSpecParams:
             return ()
         return tuple(name for name in NGRAM_TYPES if name in names)
 
+    def drafting_kinds(self) -> tuple[str, ...]:
+        """The types a lookup may run, each priced per draft call by a profile's measured `drafting_ms`
+        (docs/profiles.md section 4; sim.drafters.registry.DrafterConfig.host_cost)."""
+        return self.types()
+
     def min_hits(self, family: str) -> int:
         """A min-hits value as llama.cpp keeps it: cast to uint16 (65536 reads as 0)."""
         return int(getattr(self, f"{family}_min_hits")) & 0xFFFF

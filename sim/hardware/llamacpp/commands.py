@@ -1,5 +1,6 @@
 """The llamacpp backend's commands (sim/hardware/backends.py): sim.record through a real llama-server, once the
-command line's shared checks passed. Measuring and confirming are not part of this backend yet."""
+command line's shared checks passed, and a cost profile of its decode step (sim.measure). Confirming is not part
+of this backend yet."""
 
 from __future__ import annotations
 
@@ -95,8 +96,13 @@ def record(args: argparse.Namespace, argv: list[str], prompts: list[PromptFile],
 def measure(
     args: argparse.Namespace, argv: list[str], contexts: list[int], steps: tuple[int, int], lengths: list[int]
 ) -> int:
-    """sim.measure --engine llamacpp: not part of this backend yet."""
-    raise UserError("sim.measure --engine llamacpp is not available yet (this backend records only)")
+    """sim.measure --engine llamacpp: a profile of llama-server's decode step (sim/hardware/llamacpp/measure.py)."""
+    from sim.hardware.llamacpp.measure import command
+
+    if args.arch is not None or args.random_weights or args.dtype != "auto" or args.device not in ("auto", "cpu"):
+        raise UserError("--engine llamacpp measures a GGUF model on the CPU: give --model NAME|PATH, no --arch/--dtype")
+    gguf, _, _ = model_files(args.model)
+    return command(args, argv, contexts, steps, gguf)
 
 
 def confirm(args: argparse.Namespace, argv: list[str], checked: Confirmation) -> int:

@@ -131,7 +131,7 @@ class MatrixEvaluator:
             prompt = len(trace.prompt_tokens)
             for j, profile in enumerate(self.profiles):
                 result = shared or run_trace(trace, config, costs=profile)
-                drafting = drafting_times(result, config.drafter.host_cost())  # None for a free drafter
+                drafting = drafting_times(result, config.drafter.host_cost(profile))  # None for a free drafter
                 generated = result.counters.generated
                 stops_on_eos = stopped_on_eos(cap, generated)
                 for rows, k in zip(out, passes, strict=True):
