@@ -32,6 +32,11 @@ class Export:
         """The server's command line running `params` (MODEL stands for the model the user serves)."""
         raise NotImplementedError
 
+    def canonical(self, params: Any) -> Any:
+        """The params that run exactly as `params` do with every setting that cannot matter at llama-server's
+        default (a recommendation then says only what it means); the default: `params` themselves."""
+        return params
+
     def same(self, pasted: Any, params: Any) -> bool:
         """Whether a best.yaml's pasted text says what its params say."""
         return bool(self.parse(pasted) == params)

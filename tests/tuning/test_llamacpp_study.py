@@ -106,3 +106,38 @@ def test_a_tiny_study_writes_flags_that_parse_back_to_its_params(tmp_path, monke
     edited.write_text(yaml.safe_dump({**best, "speculative_config": "{}"}))
     with pytest.raises(ConfigError, match="speculative_config belongs to policy vllm only, not llamacpp"):
         read_config_file(edited)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"type": "ngram-mod", "ngram_mod_n_match": 2, "ngram_mod_n_min": 1, "ngram_mod_n_max": 6},
+        {"type": "ngram-simple,ngram-cache", "ngram_simple_size_n": 2, "ngram_simple_size_m": 5},
+        {"type": "ngram-map-k,ngram-map-k4v", "ngram_map_k_size_n": 2, "ngram_map_k_size_m": 4},
+        {"type": "ngram-map-k4v", "ngram_map_k4v_size_n": 1, "ngram_map_k4v_size_m": 3, "ngram_map_k4v_min_hits": 2},
+    ],
+)
+def test_the_recommended_form_runs_exactly_as_the_trial_did(values):
+    """best.yaml gives the best with the flags of types it does not enable (and the draft-model sizes) at
+    llama-server's defaults: on every bundled trace its rows, times and counters are the searched configuration's."""
+    from conftest import BUNDLED_TRACES
+
+    from sim.engine.costs import load_profile
+    from sim.engine.trace import read_trace
+    from sim.tuning.evaluate.replay import MatrixEvaluator
+    from sim.tuning.reports.replay_findings import recommended
+
+    idle = {"ngram_simple_size_n": 3, "ngram_simple_size_m": 9, "ngram_map_k_size_n": 5, "ngram_map_k_min_hits": 3}
+    idle |= {"ngram_map_k4v_size_m": 7, "ngram_mod_n_match": 4, "ngram_mod_n_max": 9, "draft_n_max": 7}
+    raw = make_config("llamacpp", {**idle, **values})
+    best = recommended(raw)
+    default = LlamaServerParams()
+    assert best.params.types == raw.params.types and best.params.draft_n_max == default.draft_n_max
+    for name, value in values.items():
+        assert getattr(best.params, name) == value
+    assert len(best.params.argv()) < len(raw.params.argv())
+    matrix = MatrixEvaluator([read_trace(str(p)) for p in BUNDLED_TRACES], [load_profile("cpu-smollm2-135m-instruct")])
+    ran, again = matrix.evaluate(raw), matrix.evaluate(best)
+    assert [(r.time_ms, r.plain_time_ms, r.counters, r.engine) for r in ran] == [
+        (r.time_ms, r.plain_time_ms, r.counters, r.engine) for r in again
+    ]
