@@ -75,8 +75,8 @@ def _add_build(sub: Any, cache_help: str) -> None:
     build.add_argument("--cache", type=cli.nonblank, metavar="DIR", help=cache_help)
     build.add_argument(
         "--jobs",
-        type=cli.integer,
-        default=os.cpu_count() or 1,
+        type=cli.int_in(1, 256),
+        default=min(os.cpu_count() or 1, 256),
         metavar="N",
         help="parallel compile jobs, 1..256 (default: the number of CPUs)",
     )
@@ -105,9 +105,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from sim.hardware.llamacpp.build import build
-    from sim.hardware.options import bounded
 
-    bounded(args.jobs, "--jobs", 1, 256)
     print(build(args.cache, jobs=args.jobs, sdist=args.sdist))
     return 0
 

@@ -132,3 +132,36 @@ def smol(tmp_path_factory) -> tuple[Path, float]:
     started = time.monotonic()
     folder = catalog.fetch(SMOL, cache)
     return folder, time.monotonic() - started
+
+
+# ---------------------------------------------------------------- a real llama-server (marker llamacpp)
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> Path:
+    """The llama-server binary (`$DRAFTLAB_LLAMA_SERVER`, else the build route's cache path); skips without one."""
+    from sim.core.errors import UserError
+    from sim.hardware.llamacpp.server import server_binary
+
+    try:
+        return server_binary()
+    except UserError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def llama_gguf(smol) -> Path:
+    """SmolLM2's Q4_1 GGUF from the catalog's cache entry (fetched with the checkpoint once per machine)."""
+    from sim.hardware import catalog
+
+    folder, _ = smol
+    return catalog.gguf_path(SMOL, folder.parent.parent)
+
+
+@pytest.fixture(scope="session")
+def llama_server(llama_binary, llama_gguf):
+    """One plain llama-server (no speculation, one slot, one thread) for the whole test session."""
+    from sim.hardware.llamacpp.server import LlamaServer
+
+    with LlamaServer(llama_binary, llama_gguf, threads=1, slots=1, ctx=2048) as server:
+        yield server

@@ -9,7 +9,8 @@ every decode step, in order:
   2. A limit above 0 on a slot that speculates asks the speculator for a draft of at most that many tokens (its
      types in llama.cpp's order, the first that drafts wins); every drafted token counts at once (draft_n).
   3. One forward of [last sampled token] + draft. Without a draft it samples one token. With one, it keeps the
-     longest prefix of the draft that the target's greedy tokens agree with and the target's token after it; the
+     longest prefix of the draft that the target's greedy tokens agree with (a drafted EOS ends it as the target's
+     token, unless it is the draft's last) and the target's token after it; the
      speculator learns how many were accepted (`accept`), and the counters count the verify, its accepted tokens
      and each accepted position, whatever the stop rules then drop.
   4. The kept tokens are emitted in order; each is a generated token (predicted_n), and after each the stop rules
@@ -160,6 +161,7 @@ class LlamaCppRequest:
         n_past = self.n_past()
         out.forward(len(draft) + 1, len(self.context))
         counters.steps += 1
+        unknown = counters.unknown_steps
         accepted, kept = self._check(draft)
         if draft:
             self.speculator.accept(accepted)
@@ -168,6 +170,10 @@ class LlamaCppRequest:
                 governor.record(accepted)
         first = self.emitted
         landed = self._emit(kept, kv_after=n_past + 1 + accepted)
+        if not self.done and self.counters.unknown_steps > unknown:
+            # The recording ends inside this step's accepted run without an EOS: the server stopped the reply in
+            # this step, which only the context rule does inside a run (the whole longest draft accepted, rule 4).
+            counters.stop_type, counters.truncated, self.done = "limit", True, True
         if draft:
             out.drafted(len(draft), accepted, first, landed)
         out.log(
@@ -190,13 +196,19 @@ class LlamaCppRequest:
         known = self.answers_left() if self.answers_left is not None else None
         checked = draft if known is None else draft[: max(known - 1, 0)]
         outputs = target.verify(checked)
+
+        def agrees(i: int) -> bool:
+            # a drafted EOS the target agrees with ends the run as the target's own token, unless it is the draft's
+            # last: llama.cpp accepts no draft token after an end of generation
+            return draft[i] == outputs[i] and not (target.is_eos(outputs[i]) and i + 1 < len(draft))
+
         accepted = 0
-        while accepted < len(checked) and outputs[accepted] == checked[accepted]:
+        while accepted < len(checked) and agrees(accepted):
             accepted += 1
         if accepted < len(checked):
             target.rollback(len(checked) - accepted)
         kept = outputs[: accepted + 1]
-        if len(checked) < len(draft) and accepted == len(checked) and draft[accepted] == outputs[accepted]:
+        if len(checked) < len(draft) and accepted == len(checked) and agrees(accepted):
             # The trace's last answer (its EOS, or the last token recorded after it) is the next draft as well:
             # llama.cpp accepts it and what it answers after is unknown; the stop rules end the reply before.
             accepted += 1

@@ -215,7 +215,7 @@ def test_a_prompt_that_fills_the_context_or_is_empty_is_refused():
 # ---------------------------------------------------------------- EOS inside an accepted run
 
 
-def test_an_eos_inside_an_accepted_run_ends_the_reply_there_and_every_accepted_token_still_counts():
+def test_a_drafted_eos_the_target_agrees_with_ends_the_run_as_the_targets_token_and_is_not_accepted():
     reply = REPLY[:3]
     after = [150, 151]
     spec = ScriptedSpeculator({at(1): [*reply[1:], EOS, *after]})
@@ -223,15 +223,39 @@ def test_an_eos_inside_an_accepted_run_ends_the_reply_there_and_every_accepted_t
     e = out.engine
     assert out.tokens == reply and out.counters.generated == 3
     assert e.predicted_n == 4  # llama.cpp generates the EOS: it counts
-    assert e.per_step_accepted == [5] and e.spec_decode_num_accepted_tokens == 5 and e.unknown_steps == 0
-    assert e.stop_type == "eos" and out.drafted_spans == [(1, 2)]
+    assert e.per_step_drafted == [5] and e.per_step_accepted == [2]  # the EOS and the drafts after it: not accepted
+    assert spec.accepted == [2] and e.spec_decode_num_accepted_tokens_per_pos[:3] == [1, 1, 0]
+    assert e.stop_type == "eos" and out.drafted_spans == [(1, 2)] and e.unknown_steps == 0
 
 
-def test_a_draft_past_what_the_trace_recorded_is_an_unknown_step():
+def test_a_drafted_eos_that_ends_the_draft_is_accepted():
     reply = REPLY[:3]
-    spec = ScriptedSpeculator({at(1): [*reply[1:], EOS, 777]})
+    spec = ScriptedSpeculator({at(1): [*reply[1:], EOS]})
     out = run(target(reply), None, settings(), PROMPT, None, spec)  # type: ignore[arg-type]
-    assert out.tokens == reply and out.engine.per_step_accepted == [3] and out.engine.unknown_steps == 1
+    assert out.tokens == reply and out.engine.per_step_accepted == [3] and out.engine.predicted_n == 4
+    assert out.engine.unknown_steps == 0  # what the target answers after the EOS is dropped either way
+
+
+def test_a_stop_inside_an_accepted_run_drops_the_rest_but_they_count():
+    spec = ScriptedSpeculator({at(1): copy(1, 8)})
+    out = run(target(), None, settings(), PROMPT, 4, spec)  # type: ignore[arg-type]
+    # n_predict 4: the limit is 2, so the stop falls on the step's last token; with a context end it falls earlier
+    assert out.engine.per_step_drafted == [2] and out.tokens == REPLY[:4]
+    n_ctx = 12
+    spec = ScriptedSpeculator({at(1): copy(1, n_ctx - len(PROMPT) - 2)})
+    out = run(target(), None, settings(n_ctx=n_ctx), PROMPT, None, spec)  # type: ignore[arg-type]
+    assert out.engine.spec_decode_num_accepted_tokens == 6 and out.tokens == REPLY[:2]
+
+
+def test_a_recording_that_ends_inside_an_accepted_run_ends_the_reply_there_as_an_unknown_step():
+    """A reply recorded under speculation that the context cut inside a step (rule 4) holds only that step's first
+    token: replay accepts what it can check, counts the step as unknown and ends the reply there."""
+    n_ctx = 16
+    spec = ScriptedSpeculator({at(1): copy(1, n_ctx - len(PROMPT) - 2)})
+    out = run(target(REPLY[:2], stops_on_eos=False), None, settings(n_ctx=n_ctx), PROMPT, None, spec)  # type: ignore[arg-type]
+    e = out.engine
+    assert out.tokens == REPLY[:2] and e.unknown_steps == 1 and e.per_step_accepted == [1]
+    assert e.stop_type == "limit" and e.truncated
 
 
 # ---------------------------------------------------------------- the stepper and the engine

@@ -4,7 +4,8 @@ One `/completion` per prompt, without speculation, greedy (`top_k` 1), `n_probs`
 best candidates' log-probabilities, whose difference is the trace's margin (a log-softmax keeps the logits'
 differences, so it is the top-1 minus top-2 logit margin the other recorders write, up to float rounding). A reply
 that ends at the model's EOS ends with the EOS token, which is not a token line; what the model emits after it (the
-EOS in its context) is asked for with a second request and kept as `after_eos`, as the other recorders keep it.
+EOS in its context) is asked for with a second request and kept as `after_eos`, as the other recorders keep it. A
+token the server sends no probabilities for (its text ends inside a UTF-8 character: `aligned`) has no margin.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Recorded:
     """One recorded reply: its tokens (the EOS left out), their margins, why it stopped, and what followed the EOS."""
 
     tokens: list[int]
-    margins: list[float]
+    margins: list[float | None]  # None: the server sent no probabilities for that token (see `aligned`)
     stop: str  # "eos" or "max_tokens"
     after_eos: list[int] | None
 
@@ -44,16 +45,44 @@ def margin_of(step: dict[str, Any]) -> float:
     return round(max(0.0, float(top[0]["logprob"]) - float(top[1]["logprob"])), 6)
 
 
+def aligned(tokens: list[int], steps: list[dict[str, Any]]) -> list[dict[str, Any] | None] | None:
+    """Each token's `completion_probabilities` entry, None for a token that has none: llama-server leaves out the
+    entry of a token after which the reply's text ends inside a UTF-8 character (it holds such a token's text back,
+    and its probabilities with it), so the entries are the tokens' in order with some missing. None when the
+    entries cannot be lined up with the tokens in one way only (matching from the front and from the back differ)."""
+
+    def forward(ids: list[int], found: list[int]) -> list[int | None] | None:
+        out: list[int | None] = []
+        at = 0
+        for token in ids:
+            if at < len(found) and found[at] == token:
+                out.append(at)
+                at += 1
+            else:
+                out.append(None)
+        return out if at == len(found) else None
+
+    found = [int(step["id"]) for step in steps]
+    front = forward(tokens, found)
+    back = forward(tokens[::-1], found[::-1])
+    if front is None or back is None:
+        return None
+    back_places = [None if i is None else len(found) - 1 - i for i in back[::-1]]
+    if front != back_places:
+        return None
+    return [None if i is None else steps[i] for i in front]
+
+
 def record_reply(server: LlamaServer, prompt: list[int], max_tokens: int, eos: list[int]) -> Recorded:
     """One prompt through `server` (no speculation flags on it): the reply, its margins, how it stopped."""
     reply = server.completion(prompt, max_tokens, n_probs=TOP, return_tokens=True)
     tokens = [int(t) for t in reply["tokens"]]
-    steps = reply.get("completion_probabilities") or []
-    if len(steps) != len(tokens) or [int(s["id"]) for s in steps] != tokens:
+    steps = aligned(tokens, reply.get("completion_probabilities") or [])
+    if steps is None:
         raise ModelError(
-            f"llama-server sent {len(steps)} probabilities for {len(tokens)} tokens (log {server.log_path})"
+            f"llama-server's probabilities do not line up with its tokens in one way only (log {server.log_path})"
         )
-    margins = [margin_of(step) for step in steps]
+    margins = [None if step is None else margin_of(step) for step in steps]
     stop_type = reply.get("stop_type")
     if stop_type == "eos":
         if not tokens or tokens[-1] not in eos:
