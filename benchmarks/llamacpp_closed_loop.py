@@ -189,7 +189,9 @@ def predicted_rates(p: dict[str, Any]) -> tuple[float, float]:
     return 1000.0 * (p["generated"] - 1) / (p["time_ms"] - p["prefill_ms"]), 1000.0 * p["generated"] / p["time_ms"]
 
 
-def rows_of(runs: list[dict[str, Any]], predictions: dict[tuple[str, str], dict[str, Any]], traces: dict[str, Trace]):
+def rows_of(
+    runs: list[dict[str, Any]], predictions: dict[tuple[str, str], dict[str, Any]], traces: dict[str, Trace]
+) -> list[dict[str, Any]]:
     """One row per (arm, prompt): measured medians over the repetitions, their spread, the prediction, the errors."""
     out = []
     for (arm, name), p in predictions.items():
@@ -229,7 +231,7 @@ def per_arm(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
-        entry = {}
+        entry: dict[str, Any] = {}
         for kind in ("decode", "whole"):
             measured = geomean([r[f"{kind}_tok_s_measured"] for r in mine])
             predicted = geomean([r[f"{kind}_tok_s_predicted"] for r in mine])
@@ -247,18 +249,20 @@ def per_arm(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(gguf: Path, profile: Profile, reps: int, cap: int, per_group: int) -> dict[str, Any]:
-    """Measure, replay and compare: the result's body (rows, per-arm summary, runs without their tokens)."""
-    items = prompts(per_group)
-    runs = measure(gguf, ARMS, items, reps, cap)
+def run(
+    gguf: Path, profile: Profile, arms: dict[str, str], items: list[tuple[str, list[int]]], reps: int, cap: int
+) -> dict[str, Any]:
+    """Measure, replay and compare: the result's body (rows, per-arm summary, runs without their tokens). The arm
+    `none` (no flags) gives each prompt's trace: its first repetition's tokens."""
+    runs = measure(gguf, arms, items, reps, cap)
     plain = {r["prompt"]: r["tokens"] for r in runs if r["arm"] == "none" and r["rep"] == 0}
     traces = {name: trace_of(name, prompt, plain[name], cap) for name, prompt in items}
     predictions = {
-        (arm, name): predict(traces[name], flags, profile) for arm, flags in ARMS.items() for name, _ in items
+        (arm, name): predict(traces[name], flags, profile) for arm, flags in arms.items() for name, _ in items
     }
     rows = rows_of(runs, predictions, traces)
     return {
-        "arms": ARMS,
+        "arms": arms,
         "traces": {name: {"prompt_tokens": len(t.prompt_tokens), "sha256": t.sha256} for name, t in traces.items()},
         "per_arm": per_arm(rows),
         "rows": rows,
@@ -343,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     gguf = catalog.gguf_path(MODEL)
     profile = load_profile(str(PROFILE))
     before = loadavg()
-    body = run(gguf, profile, args.reps, args.cap, args.per_group)
+    body = run(gguf, profile, ARMS, prompts(args.per_group), args.reps, args.cap)
     after = loadavg()
     result = {
         "command": command_line("benchmarks/llamacpp_closed_loop.py", argv),

@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BACKEND,
         help="measure draftlab's own torch loop (the default), or a real vLLM engine's steps: S(w) for steps "
         "verifying w - 1 n-gram drafts, P for plain decoding, prefill; needs --contexts and the vllm extra "
-        "(docs/vllm.md); --rounds counts repeats of every prompt and --steps K1,K2 decodes K2 tokens per prompt",
+        "(docs/vllm.md); --rounds counts repeats of every prompt and --steps K1,K2 decodes K2 tokens per prompt; or "
+        "llama-server's (--engine llamacpp: forwards timed by its own prompt_ms at each --contexts length, plain "
+        "decoding's step from K2 steps, each speculative type's drafting; docs/llamacpp.md section 5)",
     )
     parser.add_argument(
         "--serving",

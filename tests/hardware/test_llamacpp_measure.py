@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import statistics
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 import yaml
@@ -31,7 +30,7 @@ HEADER = {"name": "t", "model": "m", "machine": "c", "date": "2026-12-04", "sour
 
 def _samples() -> tuple[dict, dict, dict]:
     """Samples shaped like forward_samples', prefill_samples' and drafting_samples' (two contexts, widths 1..17
-    and 24, 25; a forward's cost grows by 7 ms a token and 1 ms per 100 tokens of context)."""
+    and 25; a forward's cost grows by 7 ms a token and 1 ms per 100 tokens of context)."""
     widths = measured_widths(25)
     sync = {n: {w: [3 + 7 * w + n / 100 + k for k in (0.0, 0.4, -0.2)] for w in widths} for n in (64, 512)}
     plain = {n: [sync[n][1][0] + 0.5, sync[n][1][0] + 0.7, sync[n][1][0] + 0.6] for n in (64, 512)}
@@ -61,8 +60,9 @@ def test_the_profile_written_from_samples_reads_back_as_replay_reads_it(tmp_path
         assert profile.host_gap_ms(n) == pytest.approx(gap, abs=1e-3)
         for w in measured_widths(25):
             assert profile.device_ms(w, n) == pytest.approx(d[w], abs=1e-3)
-        # widths between 17 and 24 are linear between the two timed ones
-        assert profile.device_ms(20, n) == pytest.approx(d[17] + 3 / 7 * (d[24] - d[17]), abs=1e-3)
+        # widths between 17 and 25 are linear between the two timed ones
+        assert measured_widths(25)[-2:] == [17, 25]
+        assert profile.device_ms(20, n) == pytest.approx(d[17] + 3 / 8 * (d[25] - d[17]), abs=1e-3)
     # drafting: ms per draft call over every call of the kind, contexts pooled
     assert profile.draft_call_ms("ngram-simple") == pytest.approx((30 * 0.001 + 10 * 0.003) / 40)
     assert profile.draft_call_ms("ngram-mod") == pytest.approx(0.002)
@@ -70,12 +70,16 @@ def test_the_profile_written_from_samples_reads_back_as_replay_reads_it(tmp_path
     assert profile.prefill_ms(512) > profile.prefill_ms(64) > 0
 
 
-def test_a_plain_step_below_the_one_token_forward_gives_no_negative_gap(tmp_path):
+def test_a_plain_step_below_the_one_token_forward_anchors_every_width_and_leaves_no_gap(tmp_path):
     forwards, prefill, drafting = _samples()
     forwards["plain"][64] = [v - 5.0 for v in forwards["plain"][64]]
     data = profile_data(forwards, prefill, drafting, HEADER)
-    assert data["measurements"]["host_gap_ms"]["64"] == 0.0 and "at 64: plain decoding's step" in data["notes"]
-    assert data["pipelined_ms"][0] == data["sync_ms"][0][0]
+    assert data["measurements"]["host_gap_ms"]["64"] == 0.0 and "at 64: d(1)" in data["notes"]
+    step = statistics.median(forwards["plain"][64])
+    d1, d2 = (statistics.median(forwards["sync"][64][w]) for w in (1, 2))
+    # a step is plain decoding's step; a wider forward adds what prompt_ms adds per token
+    assert data["pipelined_ms"][0] == data["sync_ms"][0][0] == pytest.approx(step, abs=1e-3)
+    assert data["sync_ms"][0][1] == pytest.approx(step + d2 - d1, abs=1e-3)
 
 
 def test_the_drafting_term_is_checked_and_charged_only_where_measured(tmp_path):
@@ -113,28 +117,11 @@ def test_the_committed_profile_prices_every_width_the_closed_loop_asks_for():
 # ------------------------------------------------------------------------------------------------ a real server
 
 
-def _server_or_skip() -> tuple[Path, Path]:
-    from sim.core.errors import UserError
-    from sim.hardware.llamacpp.server import server_binary
-
-    try:
-        binary = server_binary()
-    except UserError as err:
-        pytest.skip(f"no llama-server: {err}")
-    gguf = Path("/nonexistent")
-    from sim.hardware import catalog
-
-    if not catalog.is_cached("smollm2-135m-instruct"):
-        pytest.skip("SmolLM2-135M-Instruct not cached (python -m sim.models fetch smollm2-135m-instruct)")
-    gguf = catalog.gguf_path("smollm2-135m-instruct")
-    return binary, gguf
-
-
 @pytest.mark.llamacpp
-def test_measuring_through_a_real_server_writes_a_profile_that_parses(tmp_path):
+def test_measuring_through_a_real_server_writes_a_profile_that_parses(tmp_path, llama_binary, llama_gguf):
     from sim.hardware.llamacpp.server import LlamaServer
 
-    binary, gguf = _server_or_skip()
+    binary, gguf = llama_binary, llama_gguf
 
     @contextmanager
     def launch(flags):
@@ -184,3 +171,20 @@ def test_replay_charges_each_lookup_the_profiles_drafting_cost_of_the_configured
     assert lookups > 0 and priced.result.actions == free.result.actions
     assert priced.row.time_ms == pytest.approx(free.row.time_ms + 0.75 * lookups)
     assert priced.row.plain_time_ms == free.row.plain_time_ms  # plain decoding drafts nothing
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "smollm2-135m-instruct", "--serving", "--contexts", "64,128"], "--serving measures vLLM's"),
+        (["--model", "smollm2-135m-instruct"], "--engine llamacpp measures at context lengths: give --contexts"),
+        (["--arch", "tiny", "--contexts", "64,128"], "--engine llamacpp measures a GGUF model on the CPU"),
+    ],
+)
+def test_measure_refuses_what_llama_server_cannot_measure_in_one_line(tmp_path, capsys, extra, message):
+    from sim.measure import main
+
+    assert main(["--engine", "llamacpp", "--out", str(tmp_path / "p.yaml"), *extra]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {message}"), err
+    assert not (tmp_path / "p.yaml").exists()

@@ -22,6 +22,8 @@ DECODE = "llama-server /completion, greedy (top_k 1), no speculation, n_probs=2 
 
 def _refuse_torch_options(args: argparse.Namespace) -> None:
     """What llama-server cannot honour: random weights, another dtype or device, logits of more candidates."""
+    if args.serving:
+        raise UserError("--serving measures vLLM's batched steps: give --engine vllm, or leave --serving out")
     if args.arch is not None or args.random_weights:
         raise UserError("--engine llamacpp runs a GGUF model's own weights: give --model NAME|PATH, not --arch")
     if args.dtype != "auto" or args.device not in ("auto", "cpu"):
@@ -99,8 +101,12 @@ def measure(
     """sim.measure --engine llamacpp: a profile of llama-server's decode step (sim/hardware/llamacpp/measure.py)."""
     from sim.hardware.llamacpp.measure import command
 
+    if args.serving:
+        raise UserError("--serving measures vLLM's batched steps: give --engine vllm, or leave --serving out")
     if args.arch is not None or args.random_weights or args.dtype != "auto" or args.device not in ("auto", "cpu"):
         raise UserError("--engine llamacpp measures a GGUF model on the CPU: give --model NAME|PATH, no --arch/--dtype")
+    if not contexts:
+        raise UserError("--engine llamacpp measures at context lengths: give --contexts N1,N2,... (e.g. 64,256,1024)")
     gguf, _, _ = model_files(args.model)
     return command(args, argv, contexts, steps, gguf)
 

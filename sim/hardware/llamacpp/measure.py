@@ -13,12 +13,12 @@ samples, and only then builds the next step. Its reply's `timings` time two span
   predicted_ms from the first token sampled to the last: predicted_n - 1 decode steps of plain decoding.
 
 So per context n: d(w, n) = the median prompt_ms of a w-token forward (widths interleaved round by round, fresh
-tokens in every sample so nothing beyond the n - 1 prefix is ever cached), and the host gap
-g(n) = (plain decoding's time per step around context n) - d(1, n), held at 0 where noise puts it below. The
-profile (docs/profiles.md) then has P = d(1, n) and S(w, n) = d(w, n) + g(n). Prefill: prompt_ms of an uncached
-prompt of each grid length, fitted. Drafting: each `--spec-type` in a server of its own at trace verbosity, whose
-per-implementation statistics (printed when a request ends) count draft calls and their total time; the ms per
-draft call goes in the profile's `drafting_ms`.
+tokens in every sample so nothing beyond the n - 1 prefix is ever cached), and step(n) = plain decoding's median
+time per step around context n. The profile (docs/profiles.md) anchors a step at plain decoding's:
+S(w, n) = d(w, n) + step(n) - d(1, n), host gap g(n) = max(step(n) - d(1, n), 0) and P = S(1, n) - g(n).
+Prefill: prompt_ms of an uncached prompt of each grid length, fitted. Drafting: each `--spec-type` in a server of
+its own at trace verbosity, whose per-implementation statistics (printed when a request ends) count draft calls
+and their total time; the ms per draft call goes in the profile's `drafting_ms`.
 """
 
 from __future__ import annotations
@@ -73,11 +73,11 @@ class Plan:
 
 
 DENSE = 17  # widths measured one by one: every verify of up to 16 drafts, --spec-draft-n-max's range in practice
-SPARSE = 8  # beyond them, every 8th width and the widest; a one-thread forward's cost is linear in its width
+SPARSE = 16  # beyond them, every 16th width and the widest; a one-thread forward's cost is linear in its width
 
 
 def measured_widths(max_width: int) -> list[int]:
-    """The widths timed: 1..17, then every 8th up to max_width, and max_width (ngram-mod drafts up to 64 by
+    """The widths timed: 1..17, then every 16th up to max_width, and max_width (ngram-mod drafts up to 64 by
     default: width 65); the profile interpolates between them linearly."""
     dense = list(range(1, min(max_width, DENSE) + 1))
     return (
@@ -190,7 +190,8 @@ def drafting_samples(
 ) -> dict[str, dict[int, dict[str, float]]]:
     """Per speculative type and context: draft calls, their ms each and accept calls' ms each, from the type's
     statistics before and after one request that decodes a repeating prompt of that length (`plain_steps` * 2
-    tokens)."""
+    tokens). The contexts go up and each prompt extends the last one's cycle, so the prompt cache keeps its
+    prefill short."""
     out: dict[str, dict[int, dict[str, float]]] = {}
     tokens = Tokens(plan.seed + 2)
     for kind in plan.spec_types:
@@ -202,7 +203,7 @@ def drafting_samples(
             before = {"draft": 0.0, "t_draft": 0.0, "accept": 0.0, "t_accept": 0.0}
             for n in plan.contexts:
                 prompt = [cycle[i % CYCLE] for i in range(n - 1)] + tokens.take(1)
-                server.completion(prompt, 2 * plan.plain_steps, ignore_eos=True)
+                server.completion(prompt, 2 * plan.plain_steps, ignore_eos=True, cache_prompt=True)
                 after = _next_stats(log, kind, before["draft"])
                 calls = after["draft"] - before["draft"]
                 accepts = after["accept"] - before["accept"]
@@ -236,21 +237,28 @@ def profile_data(
     drafting: dict[str, dict[int, dict[str, float]]],
     header: dict[str, str],
 ) -> dict[str, Any]:
-    """The profile (docs/profiles.md; format v2, the drafting term of section 4a): P = d(1, n), S(w, n) =
-    d(w, n) + g(n), prefill fitted over the grid lengths, and the samples' medians and spreads in
-    `measurements`."""
+    """The profile (docs/profiles.md; format v2 and the drafting term of section 4): S(w, n) anchored at plain
+    decoding's step (module docstring), prefill fitted over the grid lengths, and the samples' medians and spreads
+    in `measurements`."""
     contexts = sorted(forwards["sync"])
     pipelined, sync, gaps, notes = [], [], [], []
     for n in contexts:
         d = _every_width({w: statistics.median(v) for w, v in forwards["sync"][n].items()})
         step = statistics.median(forwards["plain"][n])
-        gap = step - d[0]
-        if gap < 0:
-            notes.append(f"at {n}: plain decoding's step {step:.4f} ms was below d(1) {d[0]:.4f} ms; gap set to 0")
-            gap = 0.0
+        # A decode step is anchored at plain decoding's own step: S(1, n) = step(n), and a wider forward costs what
+        # prompt_ms adds per token over a one-token forward. prompt_ms also holds the request's start (waking the
+        # slot, comparing the cache), which a decode step does not pay: where it makes d(1, n) exceed the step,
+        # that excess comes off every width and the host gap is 0.
+        offset = step - d[0]
+        gap = max(offset, 0.0)
+        if offset < 0:
+            notes.append(
+                f"at {n}: d(1) {d[0]:.4f} ms exceeded plain decoding's step {step:.4f} ms; the excess is "
+                "taken off every width (a request's start, not a step's work)"
+            )
         gaps.append(round(gap, 4))
-        pipelined.append(round(d[0], 4))
-        sync.append([round(v + gap, 4) for v in d])
+        sync.append([round(v + offset, 4) for v in d])
+        pipelined.append(round(sync[-1][0] - gap, 4))
     medians = {n: statistics.median(v) for n, v in sorted(prefill.items())}
     fixed, per_token, per_token2, how = fit_prefill(medians)
     if per_token < 0:
@@ -271,8 +279,8 @@ def profile_data(
             [
                 "d(w, n): median prompt_ms of a w-token forward after n - 1 cached tokens (llama-server timings), "
                 f"widths {_ranges(sorted(forwards['sync'][contexts[0]]))} timed; "
-                "g(n): plain decoding's median ms per step around context n minus d(1, n); P = d(1, n), "
-                "S(w, n) = d(w, n) + g(n)",
+                "step(n): plain decoding's median ms per step around context n; S(w, n) = d(w, n) + step(n) - "
+                "d(1, n), so S(1, n) = step(n); host gap g(n) = max(step(n) - d(1, n), 0), P = S(1, n) - g(n)",
                 *notes,
             ]
         ),
@@ -365,13 +373,10 @@ def command(args: Any, argv: list[str], contexts: list[int], steps: tuple[int, i
     import tempfile
     from contextlib import contextmanager
 
-    from sim.core.errors import UserError
     from sim.hardware.llamacpp.server import LlamaServer, server_binary
     from sim.hardware.metering import profile_name, write_profile
     from sim.hardware.provenance import cpu_model
 
-    if not contexts:
-        raise UserError("--engine llamacpp measures at context lengths: give --contexts N1,N2,... (e.g. 64,256,1024)")
     binary = server_binary()
     threads = args.threads or 1
     cores = sorted(os.sched_getaffinity(0))
