@@ -30,7 +30,8 @@ class RunResult:
     ms: float
     tokens: list[int]
     counters: Counters | None  # None for plain decoding (not a loop run)
-    engine: dict[str, Any] | None = None  # vLLM's per-step record (sim/hardware/vllm/confirm.py), else None
+    # the engine's own counters, under the replay's names (vLLM's per-step record, llama-server's /metrics), else None
+    engine: dict[str, Any] | None = None
 
 
 def interleaved(traces: int, arms: list[Arm], reps: int) -> Iterator[tuple[int, int, Arm]]:
@@ -107,10 +108,11 @@ def _rows(
             row["predicted_speedup"] = 1.0
             row["predicted_ms"] = predicted.plain_time_ms
         else:
-            if arm.config.own_keys:  # vLLM's own per-step record against the replay's
+            if arm.config.own_keys:  # the engine's own record (vLLM's per step, llama-server's counters)
                 assert predicted.engine is not None
                 counters = [r.engine for r in faithful if r.engine is not None]
-                replayed = {k: predicted.engine[k] for k in ("per_step_drafted", "per_step_accepted")}
+                # the counters the real engine reports (RunResult.engine's keys), as the replay counted them
+                replayed = {k: predicted.engine[k] for k in results[0].engine or {}}
                 row["counters"] = results[0].engine
             else:
                 counters = [dataclasses.asdict(r.counters) for r in faithful if r.counters is not None]

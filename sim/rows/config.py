@@ -21,6 +21,8 @@ from sim.drafters.registry import KEY as DRAFTER_KEY
 from sim.drafters.registry import PREFIX as DRAFTER_PREFIX
 from sim.drafters.registry import DrafterConfig, make_drafter, parse_drafter, shipped, split_drafter
 from sim.engine.engines import DEFAULT_ENGINE, engine_for, engine_named
+from sim.rows.exporting import REGISTRY as EXPORTS
+from sim.rows.exports import export_for, export_keys
 
 if TYPE_CHECKING:
     from sim.core.protocols import ForwardCosts
@@ -164,11 +166,12 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
     at = KeyLines(path, data.decode("utf-8"))
     if not isinstance(raw, dict) or "policy" not in raw:
         raise ConfigError(f"{at.where()}: expected a mapping with 'policy' and optional 'params'")
-    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes", DRAFTER_KEY, SPECULATIVE_KEY})
+    exported = export_keys()  # an engine configuration's paste-ready text, beside its params
+    extra = sorted(str(key) for key in set(raw) - {"policy", "params", "notes", DRAFTER_KEY, *exported})
     if extra:
         raise ConfigError(
             f"{at.where(extra[0])}: unknown key(s) {', '.join(extra)}; allowed: policy, params, notes, drafter, "
-            f"{SPECULATIVE_KEY}"
+            f"{', '.join(exported)}"
         )
     if not isinstance(raw["policy"], str):
         raise ConfigError(f"{at.where('policy')}: 'policy' must be a policy name, got {raw['policy']!r}")
@@ -191,32 +194,26 @@ def read_config_file(path: str | Path) -> tuple[PolicyConfig, str]:
         config = make_config(raw["policy"], params)
     except ConfigError as err:
         raise ConfigError(f"{at.where('params', *_culprit(raw['policy'], params))}: {err}") from None
-    if SPECULATIVE_KEY in raw:
-        _check_speculative(raw[SPECULATIVE_KEY], config, at.where(SPECULATIVE_KEY))
+    for key in exported:
+        if key in raw:
+            _check_export(key, raw[key], config, at.where(key))
     notes = raw.get("notes")
     found = _STUDY_NOTES.match(notes) if isinstance(notes, str) else None
     label = f"{found[1]} trial {found[2]}" if found else f"config:{Path(path).name}"
     return config, label
 
 
-SPECULATIVE_KEY = "speculative_config"  # a vLLM best.yaml's paste-ready JSON, beside its params
-
-
-def _check_speculative(text: Any, config: PolicyConfig, where: str) -> None:
-    """A config file's `speculative_config` must say what its params say (one edited without the other is an
-    error, not a silent choice between them)."""
-    import json
-
-    from sim.core.io import load_json
-
-    exported = getattr(config.params, SPECULATIVE_KEY, None)  # the engine's paste-ready form, where it has one
-    if exported is None:
-        raise ConfigError(f"{where}: {SPECULATIVE_KEY} belongs to policy vllm only, not {config.policy}")
-    pasted = load_json(text, where, ConfigError) if isinstance(text, str) else None
-    if pasted != exported():
+def _check_export(key: str, text: Any, config: PolicyConfig, where: str) -> None:
+    """A config file's paste-ready text (`speculative_config`, `llama_server_flags`) must say what its params say
+    (one edited without the other is an error, not a silent choice between them)."""
+    export = export_for(config.policy)
+    if export is None or export.key != key:
+        owner = next(name for name, cls in EXPORTS.items() if cls.key == key)
+        raise ConfigError(f"{where}: {key} belongs to policy {owner} only, not {config.policy}")
+    if not export.same(text, config.params):
         raise ConfigError(
-            f"{where}: {SPECULATIVE_KEY} is not what params say ({json.dumps(exported())}); "
-            "edit params and drop speculative_config, or make them agree"
+            f"{where}: {key} is not what params say ({export.text(config.params)}); "
+            f"edit params and drop {key}, or make them agree"
         )
 
 

@@ -112,5 +112,26 @@ def measure(
 
 
 def confirm(args: argparse.Namespace, argv: list[str], checked: Confirmation) -> int:
-    """sim.confirm --engine llamacpp: not part of this backend yet."""
-    raise UserError("sim.confirm --engine llamacpp is not available yet (this backend records only)")
+    """sim.confirm --engine llamacpp: every run on a llama-server of its own (sim/hardware/llamacpp/confirm.py)."""
+    from sim.hardware.llamacpp.confirm import SERVER_CPU
+    from sim.hardware.llamacpp.confirm import confirm as run_arms
+    from sim.hardware.llamacpp.server import server_binary
+    from sim.hardware.provenance import cpu_model
+    from sim.hardware.report import confirm_result, write_confirm
+
+    if args.scripted:
+        raise UserError("--engine llamacpp: llama-server decodes for itself; --scripted is for --engine torch")
+    if args.arch is not None or args.random_weights:
+        raise UserError("--engine llamacpp runs a GGUF model's own weights: give --model NAME|PATH, not --arch")
+    if args.dtype != "auto" or args.device not in ("auto", "cpu") or args.threads not in (None, 1):
+        raise UserError("--engine llamacpp runs the GGUF on one pinned CPU thread: leave --dtype, --device, --threads")
+    binary = server_binary()
+    gguf, _, info = model_files(args.model)
+    rows, engines = run_arms(
+        str(binary), str(gguf), checked.traces, checked.arms, checked.profile, args.reps, args.max_tokens
+    )
+    build = next(iter(engines.values()))["server"]["build"]
+    model = {**info, "device": f"llama-server {build} on {cpu_model()}, 1 thread on CPU {SERVER_CPU}"}
+    own = {"versions": {"llama.cpp": build}, "engine": "llamacpp", "engines": engines, "model": model}
+    print(write_confirm(confirm_result(args, argv, checked, rows, **own), checked.out))
+    return 0

@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from sim.core.io import naming, staged_folder, write_atomic
 from sim.engine.actions import COUNTER_NAMES
+from sim.rows.exports import export_for
 from sim.rows.headroom import headroom_share
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
@@ -60,7 +61,6 @@ from sim.tuning.reports.replay_findings import (
     findings,
     oracle_speedups,
     progress,
-    speculative_json,
 )
 from sim.tuning.specs.folds import Fold
 from sim.tuning.specs.matrix import DEFAULT_GROUP
@@ -243,14 +243,9 @@ def _best_sections(inputs: ReportInputs, facts: Findings) -> list[str]:
     space = {d.name: d.describe() for d in spec.search_space}
     for key, value in facts.config.settings().items():
         lines.append(f"| {key} | {_fmt(value)} | {_fmt(base_settings.get(key, '-'))} | {space.get(key, 'fixed')} |")
-    if facts.config.own_keys:  # the engine's own flags, as its server takes them
-        args = "".join(f" --{k.replace('_', '-')} {v}" for k, v in facts.config.params.engine_args().items())
-        lines += [
-            "",
-            "For vLLM, as `vllm serve` takes it:",
-            "",
-            f"    vllm serve MODEL{args} --speculative-config '{speculative_json(facts.config)}'",
-        ]
+    export = export_for(facts.config.policy)
+    if export is not None:  # the engine's own flags, as its server takes them
+        lines += ["", f"For {export.server}:", "", f"    {export.command(facts.config.params)}"]
     lines += [
         "",
         "## Objective and constraint values (on the rows the study searched)",

@@ -4,7 +4,7 @@ best.yaml."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +16,8 @@ from optuna.trial import FrozenTrial
 
 from sim.core.progress import progress as stage_progress
 from sim.engine.timing import speedup
-from sim.rows.config import PolicyConfig
+from sim.rows.config import PolicyConfig, make_config
+from sim.rows.exports import export_for
 from sim.rows.headroom import row_oracle_ms
 from sim.rows.replay import ReplayRow
 from sim.tuning import assess
@@ -128,7 +129,7 @@ def findings(inputs: ReportInputs, progress: Progress | None = None) -> Findings
     else:
         if best_rows is None:
             raise ValueError(f"render: trial #{best.number} is the best trial but rows carries no rows for it")
-        config = spec.config(best.params)
+        config = recommended(spec.config(best.params))
         best_scores = _scores(on_matrix(searched, best_rows), spec, searched, config, progress)
         gain = 100 * (best_scores["geomean_speedup"] / base_scores["geomean_speedup"] - 1)
         held = f"; held out {inputs.gains.held.text()}" if inputs.gains.held is not None else ""
@@ -187,14 +188,18 @@ def best_yaml(inputs: ReportInputs, facts: Findings) -> dict[str, Any] | None:
         "notes": f"study {spec.name}, trial {inputs.best.number}: geomean {facts.best_scores['geomean_speedup']:.4f}x "
         f"over {len(on_matrix(facts.searched, facts.best_rows))} rows (spec sha256 {spec.sha256[:12]})",
     }
-    if facts.config.own_keys:  # what to paste into `vllm serve --speculative-config`
-        out["speculative_config"] = speculative_json(facts.config)
+    export = export_for(facts.config.policy)
+    if export is not None:  # what to paste into the engine's server (vLLM's speculative_config, llama-server's flags)
+        out[export.key] = export.text(facts.config.params)
     return out
 
 
-def speculative_json(config: PolicyConfig) -> str:
-    """A vLLM configuration's speculative_config as the one-line JSON `vllm serve --speculative-config` takes."""
-    return json.dumps(config.params.speculative_config(), separators=(", ", ": "))
+def recommended(config: PolicyConfig) -> PolicyConfig:
+    """The best's configuration as best.yaml and the report give it: an engine configuration with the settings that
+    cannot matter at its defaults (the export's canonical form, the same run), else the configuration itself."""
+    export = export_for(config.policy)
+    params = export.canonical(config.params) if export is not None else config.params
+    return config if params == config.params else make_config(config.policy, dataclasses.asdict(params))
 
 
 def _paths(matrix: MatrixEvaluator) -> set[str]:

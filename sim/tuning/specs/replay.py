@@ -56,7 +56,7 @@ OBJECTIVES = {
 CONSTRAINTS = {"min_row_speedup": "every row's speedup must be at least this (e.g. 0.98)"}
 KEYS = {
     "name": "study name: the optuna study and the report folder runs/<name>/",
-    "policy": "registered policy family to tune (with engine: vllm, vllm or left out)",
+    "policy": "registered policy family to tune (with an engine configured by its own keys: its policy, or left out)",
     "search_space": "parameter -> {low, high[, log, step]} or {choices: [...]}",
     "fixed": "parameter -> value held fixed in every trial",
     "traces": "list of trace globs (one group), or groups: name -> [globs] or {files: [globs], weight: w}",
@@ -77,7 +77,8 @@ KEYS = {
     "notes": "free text",
     "drafter": "drafter of every trial: lookup (default), suffix, ngram or vllm_suffix; search or fix its parameters "
     "as drafter.KEY",
-    "engine": "mlxcel (default: its governors) or vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md)",
+    "engine": "mlxcel (default: its governors), vllm (vLLM's speculative_config keys; policy vllm, docs/vllm.md) or "
+    "llamacpp (llama-server's --spec-* flags; policy llamacpp, docs/llamacpp.md)",
     "serving": "a serving study: tune a serving speculation policy under load (sim/tuning/specs/serving.py, "
     "docs/tuning.md, Serving studies)",
 }
@@ -184,7 +185,8 @@ class StudySpec:
 
 
 def _engine(r: Reader, raw: dict[str, Any]) -> dict[str, Any]:
-    """`engine: vllm` makes the policy vllm (it may be left out); its method chooses the drafter."""
+    """`engine: NAME` of an engine configured by its own keys (vllm, llamacpp) makes the policy that configuration
+    (it may be left out); those keys choose the drafter."""
     name = raw.get("engine", DEFAULT_ENGINE)
     if name not in engine_names():
         raise r.fail(f"engine must be one of {', '.join(engine_names())}, got {name!r}", "engine")
@@ -192,9 +194,7 @@ def _engine(r: Reader, raw: dict[str, Any]) -> dict[str, Any]:
     if policy is not None:  # an engine configured by its own keys: its policy is that configuration
         raw = {"policy": policy, **raw}
         if raw["policy"] != policy or "drafter" in raw:
-            raise r.fail(
-                f"engine: {name} tunes vLLM's own keys (policy {policy}; its method chooses the drafter)", "engine"
-            )
+            raise r.fail(f"engine: {name} tunes its own keys (policy {policy}; they choose the drafter)", "engine")
     return raw
 
 
