@@ -450,7 +450,7 @@ def _worlds(args: argparse.Namespace, traces: list[Trace]) -> list[World | None]
         # per configuration (benchmarks/vllm_conformance.py, benchmarks/llamacpp_conformance.py).
         raise ConfigError(
             f"--as-stream is for mlxcel's loop; with --engine {args.engine} each trace is replayed as a request of its "
-            f"own (benchmarks/{args.engine}_conformance.py replays its streams, docs/{args.engine}.md)"
+            f"own ({engine_named(args.engine).streams_elsewhere})"
         )
     if not args.as_stream:
         if args.stream_order is not None:

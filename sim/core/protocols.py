@@ -222,6 +222,8 @@ class Engine:
     width_key: ClassVar[str] = "max_draft"
     # Whether traces may be replayed as one stream of requests (a drafter cache that the configuration cannot change).
     streams: ClassVar[bool] = True
+    # Where an engine that does not stream says its streams are replayed instead (its refusal of --as-stream).
+    streams_elsewhere: ClassVar[str] = ""
     # Serving (sim/engine/serving/): the registered scheduler that batches its requests and the per-request stepper
     # the scheduler steps each one with (prefill, propose, verify: the same code as its replay); None: no serving.
     scheduler: ClassVar[str | None] = None

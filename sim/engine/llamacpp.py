@@ -302,6 +302,9 @@ class LlamaCpp(Engine):
     # ngram-mod's hash table and ngram-cache's dynamic cache live on in the server across requests: a stream is
     # built per configuration by the drafter family, not by replay's --as-stream.
     streams = False
+    streams_elsewhere = (
+        "benchmarks/llamacpp_conformance.py replays its requests in corpus order, docs/llamacpp.md section 4"
+    )
     scheduler = "llamacpp-slots"  # many requests at once: sim/engine/serving/llamacpp_slots.py
     request = LlamaCppRequest
     drives_drafter = True  # begin and accept change the speculator's state

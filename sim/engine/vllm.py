@@ -246,6 +246,7 @@ class Vllm(Engine):
     # vLLM's suffix cache keeps what each reply sampled (its EOS, drafts past the cap), which the configuration
     # changes: a stream of requests is built per configuration (benchmarks/vllm_conformance.py), not by replay.
     streams = False
+    streams_elsewhere = "benchmarks/vllm_conformance.py replays vLLM's suffix streams, docs/vllm.md section 5"
     scheduler = "vllm-v1"  # many requests at once: sim/engine/serving/vllm_v1.py, stepping each as replay does
     request = VllmRequest
     decode = staticmethod(run)
