@@ -35,6 +35,7 @@ CTX_PAD = 256  # llama_context pads the context (and each slot's share of it) up
 AUTO_SLOTS = 4  # -np -1 (the default): 4 slots sharing one unified KV buffer (tools/server/server.cpp)
 LIMIT = 1024  # the n-gram flags' upper bound in common/arg.cpp
 MAX_HITS = 65535  # min-hits is stored in 16 bits: llama-server would wrap a larger value, the lab refuses it
+INT32_MAX = 2**31 - 1  # llama-server reads integers with std::stoi: larger values are refused
 PROGRAM = "llama-server"
 
 
@@ -92,7 +93,8 @@ class LlamaServerParams:
         if not isinstance(self.type, str):
             raise ConfigError(f"type must be a comma list of spec types, got {self.type!r}")
         object.__setattr__(self, "type", spec_types(self.type))  # one spelling per set of types: labels compare
-        check_range("draft_n_max", self.draft_n_max, 0, 1 << 31, "an integer")
+        check_range("draft_n_max", self.draft_n_max, 0, INT32_MAX, "an integer")
+        check_range("draft_n_min", self.draft_n_min, -INT32_MAX - 1, INT32_MAX, "an integer")
         check_range("ngram_mod_n_match", self.ngram_mod_n_match, 1, LIMIT, "an integer")
         for name in ("ngram_mod_n_min", "ngram_mod_n_max"):
             check_range(name, getattr(self, name), 0, LIMIT, "an integer")
@@ -100,11 +102,11 @@ class LlamaServerParams:
             check_range(f"ngram_{kind}_size_n", getattr(self, f"ngram_{kind}_size_n"), 1, LIMIT, "an integer")
             check_range(f"ngram_{kind}_size_m", getattr(self, f"ngram_{kind}_size_m"), 1, LIMIT, "an integer")
             check_range(f"ngram_{kind}_min_hits", getattr(self, f"ngram_{kind}_min_hits"), 1, MAX_HITS, "an integer")
-        check_range("ctx_size", self.ctx_size, 0, 1 << 31, "an integer")
+        check_range("ctx_size", self.ctx_size, 0, INT32_MAX, "an integer")
         if self.parallel != -1:
             check_range("parallel", self.parallel, 1, 1 << 16, "-1 or an integer")
-        check_range("n_predict", self.n_predict, -1, 1 << 31, "an integer")
-        check_range("n_ctx_train", self.n_ctx_train, 1, 1 << 31, "an integer")
+        check_range("n_predict", self.n_predict, -1, INT32_MAX, "an integer")
+        check_range("n_ctx_train", self.n_ctx_train, 1, INT32_MAX, "an integer")
         if self.n_max > MAX_SPAN:
             raise ConfigError(
                 f"the lab models drafts of at most {MAX_SPAN} tokens, and these flags let a draft reach {self.n_max} "

@@ -241,16 +241,36 @@ def flags_file(text: str | None) -> str | None:
     return text
 
 
+def _own_variant(args: argparse.Namespace, engine: Engine) -> dict[str, str] | None:
+    """The settings of `--policy NAME[:KEY=VALUE...]` when NAME is the configuration of an engine that reads its
+    server's flags (`--policy llamacpp:type=ngram-mod`); None otherwise."""
+    if args.policy is None or not _reads_flags(engine):
+        return None
+    name, own = split_variant(args.policy)
+    return own if name == engine.configuration else None
+
+
 def _flag_configs(args: argparse.Namespace, engine: Engine, settings: dict[str, str]) -> list[tuple[PolicyConfig, str]]:
     """An engine configured by its server's flags (--engine llamacpp): the one configuration --flags gives, as text
-    or in a file (--set may add its keys such as n_ctx_train)."""
+    or in a file, and `--policy llamacpp:KEY=VALUE` or --set may add its keys (such as n_ctx_train)."""
     policy = engine.configuration
     assert policy is not None
     params_class: Any = policy_class(policy).Params  # a Params that reads flags (`_reads_flags`)
+    own = _own_variant(args, engine)
+    if args.flags is None and own is None:
+        raise ConfigError(
+            f"--engine {engine.name} needs --flags TEXT|FILE (its server's flags, or a file of them) or --policy "
+            f"{policy}:KEY=VALUE..."
+        )
     if args.flags is None:
-        raise ConfigError(f"--engine {engine.name} needs --flags TEXT|FILE (its server's flags, or a file of them)")
-    path = flags_file(args.flags)
-    params = params_class.from_flags(args.flags) if path is None else params_class.from_flags_file(path)
+        params = params_class()
+    else:
+        path = flags_file(args.flags)
+        params = params_class.from_flags(args.flags) if path is None else params_class.from_flags_file(path)
+    both = sorted(set(own or {}) & set(settings))
+    if both:
+        raise ConfigError(f"--policy and --set both set {', '.join(both)}: give each once")
+    settings = {**(own or {}), **settings}
     twice = sorted(key for key in settings if getattr(params, key, None) != getattr(params_class(), key, None))
     if twice:
         raise ConfigError(f"--set {', '.join(twice)}: set by the flags already (each setting in one place)")
@@ -265,7 +285,7 @@ def _own_key_configs(args: argparse.Namespace, engine: Engine) -> list[tuple[Pol
     assert policy is not None
     source = "--flags (its server's own flags)" if _reads_flags(engine) else "--speculative-config (vLLM's own keys)"
     for flag, value in (
-        ("--policy", args.policy),
+        ("--policy", None if _own_variant(args, engine) is not None else args.policy),
         ("--config", args.config),
         ("--drafter", args.drafter),
         ("--max-draft", args.max_draft),
@@ -425,11 +445,12 @@ def _margins_note(traces: list[Trace]) -> str | None:
 def _worlds(args: argparse.Namespace, traces: list[Trace]) -> list[World | None]:
     """Per trace, its place in the stream of requests under --as-stream (else None: each trace its own world)."""
     if args.as_stream and not engine_named(args.engine).streams:
-        # vLLM's cache keeps what each reply sampled (its EOS, drafts past the cap), which depends on the
-        # configuration: benchmarks/vllm_conformance.py builds such streams per configuration.
+        # vLLM's cache keeps what each reply sampled (its EOS, drafts past the cap), llama-server's types what its
+        # drafts were accepted, which depends on the configuration: their conformance benchmarks build such streams
+        # per configuration (benchmarks/vllm_conformance.py, benchmarks/llamacpp_conformance.py).
         raise ConfigError(
-            "--as-stream is for mlxcel's loop; with --engine vllm each trace is replayed as a request of its own "
-            "(benchmarks/vllm_conformance.py replays vLLM's suffix streams, docs/vllm.md section 5)"
+            f"--as-stream is for mlxcel's loop; with --engine {args.engine} each trace is replayed as a request of its "
+            f"own (benchmarks/{args.engine}_conformance.py replays its streams, docs/{args.engine}.md)"
         )
     if not args.as_stream:
         if args.stream_order is not None:

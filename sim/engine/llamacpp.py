@@ -138,7 +138,7 @@ class LlamaCppRequest:
     def prefill(self) -> int:
         """The prompt, the speculator's `begin`, the first token; returns the tokens emitted (0 or 1)."""
         if self.settings.speculates:
-            self.speculator.begin(self.context)
+            self.speculator.begin(tuple(self.context))  # a copy: the context grows as tokens land
         landed = self._emit([self.target.prefill()], kv_after=self.prompt_length)
         if self.done:
             self._finish()
@@ -172,7 +172,8 @@ class LlamaCppRequest:
         landed = self._emit(kept, kv_after=n_past + 1 + accepted)
         if not self.done and self.counters.unknown_steps > unknown:
             # The recording ends inside this step's accepted run without an EOS: the server stopped the reply in
-            # this step, which only the context rule does inside a run (the whole longest draft accepted, rule 4).
+            # this step, which only the context rule does inside a run (the whole longest draft accepted:
+            # docs/llamacpp.md section 1, rule 9).
             counters.stop_type, counters.truncated, self.done = "limit", True, True
         if draft:
             out.drafted(len(draft), accepted, first, landed)
@@ -297,7 +298,7 @@ class LlamaCpp(Engine):
 
     summary = "llama-server's slot loop, configured by --flags; docs/llamacpp.md"
     configuration = "llamacpp"
-    width_key = "the draft length (--spec-ngram-*-size-m, --spec-ngram-mod-n-max)"
+    width_key = "--spec-ngram-*-size-m or --spec-ngram-mod-n-max"
     # ngram-mod's hash table and ngram-cache's dynamic cache live on in the server across requests: a stream is
     # built per configuration by the drafter family, not by replay's --as-stream.
     streams = False

@@ -366,7 +366,7 @@ def test_host_cost_is_charged_per_lookup_in_replay():
 @pytest.mark.parametrize(
     ("drafter", "fragments"),
     [
-        ("nope", ["unknown drafter 'nope'", "registered: lookup, ngram, suffix, vllm_suffix"]),
+        ("nope", ["unknown drafter 'nope'", "registered: llamacpp, lookup, ngram, suffix, vllm_suffix"]),
         ("suffix:min_token_prob=2", ["min_token_prob must be in 0..1, got 2.0"]),
         ("suffix:max_tree_depth=0", ["max_tree_depth must be in 1..64"]),
         ("suffix:foo=1", ["unknown drafter suffix parameter(s) foo", "allowed: max_tree_depth"]),

@@ -248,8 +248,8 @@ def test_a_stop_inside_an_accepted_run_drops_the_rest_but_they_count():
 
 
 def test_a_recording_that_ends_inside_an_accepted_run_ends_the_reply_there_as_an_unknown_step():
-    """A reply recorded under speculation that the context cut inside a step (rule 4) holds only that step's first
-    token: replay accepts what it can check, counts the step as unknown and ends the reply there."""
+    """A reply recorded under speculation that the context cut inside a step (section 1, rule 9) holds only that
+    step's first token: replay accepts what it can check, counts the step as unknown and ends the reply there."""
     n_ctx = 16
     spec = ScriptedSpeculator({at(1): copy(1, n_ctx - len(PROMPT) - 2)})
     out = run(target(REPLY[:2], stops_on_eos=False), None, settings(n_ctx=n_ctx), PROMPT, None, spec)  # type: ignore[arg-type]
@@ -346,15 +346,35 @@ def test_sim_replay_takes_the_flags_as_pasted_or_in_a_file_and_prints_both_count
     assert row["params"]["type"] == "ngram-simple" and row["label"] == f"llamacpp:{flags}"
 
 
+def test_sim_replay_takes_the_configuration_as_a_policy_with_settings_too(capsys):
+    trace = str(ROOT / "traces" / "story.jsonl")
+    common = [trace, "--engine", "llamacpp", "--profile", "cpu-smollm2-135m-instruct", "--json"]
+    flags = "--spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 6"
+    assert replay_main([*common, "--flags", flags]) == 0
+    by_flags = json.loads(capsys.readouterr().out)
+    assert (
+        replay_main([*common, "--policy", "llamacpp:type=ngram-simple:ngram_simple_size_n=2:ngram_simple_size_m=6"])
+        == 0
+    )
+    by_policy = json.loads(capsys.readouterr().out)
+    assert by_policy == by_flags and by_policy["label"] == f"llamacpp:{flags}"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--engine", "llamacpp"], "--engine llamacpp needs --flags TEXT|FILE"),
+        (["--engine", "llamacpp", "--policy", "llamacpp:type=ngram-mod", "--set", "type=x"], "--policy and --set both"),
         (["--flags", "--spec-type ngram-mod"], "--flags configures llama-server: give it with --engine llamacpp"),
         (["--engine", "vllm", "--flags", "--spec-type ngram-mod"], "--flags configures llama-server"),
         (["--engine", "llamacpp", "--speculative-config", "{}"], "--speculative-config configures vLLM"),
         (["--engine", "llamacpp", "--flags", "--spec-type ngram-moe"], "--flags: unknown spec type 'ngram-moe'"),
         (["--engine", "llamacpp", "--flags", "--spec-type ngram-mod", "--policy", "gated"], "not --policy"),
+        (
+            ["--engine", "llamacpp", "--flags", "--spec-type ngram-mod", "--set", "type=ngram-cache"],
+            "--set type: set by",
+        ),
+        (["--engine", "llamacpp", "--flags", "/no/such/flags.txt"], "/no/such/flags.txt"),
         (["--engine", "llamacpp", "--flags", "-c 64", "--set", "n_ctx_train=16"], "exceeds the slot's context of 16 "),
     ],
 )

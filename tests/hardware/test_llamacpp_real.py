@@ -32,8 +32,10 @@ class Served:
     metrics: dict[str, Any]  # the request's share of /metrics
 
 
-def serve(binary: Any, gguf: Any, flags: str, ctx: int, prompt: Sequence[int], n_predict: int) -> Served:
-    with LlamaServer(binary, gguf, flags.split(), ctx=ctx, slots=1) as server:
+def serve(
+    binary: Any, gguf: Any, flags: str, ctx: int, prompt: Sequence[int], n_predict: int, slots: int = 1
+) -> Served:
+    with LlamaServer(binary, gguf, flags.split(), ctx=ctx, slots=slots) as server:
         before = server.metrics()
         reply = server.completion(prompt, n_predict, return_tokens=True)
         after = server.metrics()
@@ -51,9 +53,9 @@ def serve(binary: Any, gguf: Any, flags: str, ctx: int, prompt: Sequence[int], n
     return Served(tokens, reply, metrics)
 
 
-def replay(flags: str, ctx: int, prompt: Sequence[int], reference: list[int], n_predict: int) -> Any:
-    """The lab's slot loop over the server's plain greedy reply, under the same flags (one slot of `ctx`)."""
-    config = make_config("llamacpp", dataclasses.asdict(from_flags(f"{flags} -c {ctx} -np 1")))
+def replay(flags: str, ctx: int, prompt: Sequence[int], reference: list[int], n_predict: int, slots: int = 1) -> Any:
+    """The lab's slot loop over the server's plain greedy reply, under the same flags and context."""
+    config = make_config("llamacpp", dataclasses.asdict(from_flags(f"-c {ctx} -np {slots} {flags}")))
     ends_on_eos = bool(reference) and reference[-1] == EOS
     target = TraceTarget(reference[:-1] if ends_on_eos else reference, EOS, ends_on_eos)
     speculator = live_drafter(config.drafter, config.loop, prompt)
@@ -135,6 +137,21 @@ def test_the_loop_counts_as_the_real_server_does(name, llama_binary, llama_gguf,
     served = serve(llama_binary, llama_gguf, flags, ctx, prompt, n_predict)
     e = check(served, replay(flags, ctx, prompt, reference(prompt), n_predict))
     assert shows_rule(e), (e.per_step_drafted, e.per_step_accepted, e.predicted_n, e.stop_type)
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize(
+    ("flags", "slot_context"),
+    [("--spec-type ngram-mod", 256), ("--spec-type ngram-mod -kvu", 512)],
+    ids=["split between the slots", "unified"],
+)
+def test_two_slots_split_the_context_unless_it_is_unified(flags, slot_context, llama_binary, llama_gguf, reference):
+    prompt, n_predict = REPEATED * 30, 200  # 210 tokens: a 256-token slot cuts the reply, a 512-token one does not
+    served = serve(llama_binary, llama_gguf, flags, 512, prompt, n_predict, slots=2)
+    out = replay(flags, 512, prompt, reference(prompt), n_predict, slots=2)
+    e = check(served, out)
+    assert from_flags(f"-c 512 -np 2 {flags}").slot_context() == slot_context
+    assert e.truncated == (slot_context == 256)
 
 
 @pytest.mark.llamacpp

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import shlex
 
 import pytest
@@ -88,9 +89,10 @@ def test_a_flags_file_may_span_lines_and_carry_comments(tmp_path):
         ("--spec-ngram-mod-n-match 0", "ngram_mod_n_match must be an integer in 1..1024, got 0"),
         ("--spec-ngram-simple-size-n 0", "ngram_simple_size_n must be an integer in 1..1024, got 0"),
         ("--spec-ngram-map-k-min-hits 0", "ngram_map_k_min_hits must be an integer in 1..65535, got 0"),
-        ("--spec-draft-n-max -1", "draft_n_max must be an integer in 0..2147483648, got -1"),
+        ("--spec-draft-n-max -1", "draft_n_max must be an integer in 0..2147483647, got -1"),
         ("-np 0", "parallel must be -1 or an integer in 1..65536, got 0"),
-        ("-n -2", "n_predict must be an integer in -1..2147483648, got -2"),
+        ("--spec-draft-n-min 2147483648", "draft_n_min must be an integer in -2147483648..2147483647"),
+        ("-n -2", "n_predict must be an integer in -1..2147483647, got -2"),
         (
             "--draft-max 8",
             "--draft-max was removed from llama-server: use --spec-draft-n-max or --spec-ngram-mod-n-max",
@@ -222,3 +224,10 @@ def test_a_yaml_configuration_takes_the_same_keys_and_refuses_unknown_ones():
 def test_labels_of_equal_type_sets_agree():
     for order in itertools.permutations(["ngram-mod", "ngram-simple", "ngram-cache"]):
         assert LlamaServerParams(type=",".join(order)).type == "ngram-simple,ngram-mod,ngram-cache"
+
+
+def test_a_flags_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "flags.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_flags_file(str(fifo))
