@@ -155,3 +155,22 @@ def test_begin_keeps_what_precedes_a_shorter_new_request_and_forgets_the_rest():
     impl.draft(0, prompt, 2)
     impl.begin(0, [*prompt, 3, 3, 3])  # longer: nothing is dropped
     assert [key.key_idx for key in state.keys] == [1] and state.key_map
+
+
+def test_begin_drops_values_past_the_cut_and_keeps_the_key():
+    """The k4v key [1] of K4V_PROMPT sits at 7 with values at 2 ([5, 6], twice) and 8 ([7, 8], once). A new request
+    of 11 tokens cuts at 11 - 1 - 2 = 8: the key stays, the value at 8 goes. The next draft's tally (7 to 7) meets
+    [7, 8] as a new value (1 against 2): it drafts. Without the cut (a longer request), the tally brings [7, 8] to 2
+    against 2: no draft."""
+    cut = k4v()
+    cut.begin(0, K4V_PROMPT)
+    assert cut.draft(0, K4V_PROMPT, 1) == [7, 8]
+    cut.begin(0, K4V_PROMPT[:11])
+    values = cut.state(0).keys[0].values
+    assert [(v.value_idx, v.value_num) for v in values] == [(2, 2), (0, 0), (0, 0), (0, 0)]
+    assert cut.draft(0, [*K4V_PROMPT[:11], 3, 3, 3, 3], 1) == [7, 8]
+    kept = k4v()
+    kept.begin(0, K4V_PROMPT)
+    kept.draft(0, K4V_PROMPT, 1)
+    kept.begin(0, [*K4V_PROMPT, 2])
+    assert kept.draft(0, [*K4V_PROMPT, 2, 3, 3], 1) == []
