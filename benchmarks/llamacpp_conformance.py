@@ -21,6 +21,8 @@
    (`flip_counters`: equal or not). A difference is `unknowable` only where the replay could not verify a draft as
    far as the server did (a draft past the end of what the trace answers: `unknown_steps`); any other is a mismatch.
 
+`--replay-only RECORD.json` runs no server: it compares the replay as the code stands with the server's side of an
+earlier result (every request's tokens, timings and /metrics deltas are in it).
 Writes results/benchmarks/llamacpp_conformance.{json,md} (ignored by git) unless --out names another stem; the
 committed benchmarks/results/llamacpp_conformance.{json,md} came from `--out benchmarks/results/llamacpp_conformance`.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -210,12 +213,23 @@ def run(args: argparse.Namespace, out: str, command: str) -> int:
     traces = corpus(args.per_group, args.first)
     if len(traces) < 1:
         raise UserError(f"{CORPUS}: no traces")
-    binary = server_binary()
     gguf = catalog.gguf_path(MODEL)
     configs = []
-    for flags in CONFIGS[: args.configs]:
-        note(f"llama-server {flags}: {len(traces)} requests, then the replay")
-        header, measured = serve(binary, gguf, flags.split(), traces)
+    if args.replay_only is not None:
+        earlier = json.loads(Path(args.replay_only).read_text(encoding="utf-8"))
+        by_name = {t.name: t for t in traces}
+        traces = [by_name[row["name"]] for row in earlier["traces"]]  # the earlier run's requests, in its order
+        changed = [t.name for t, row in zip(traces, earlier["traces"], strict=True) if t.sha256 != row["sha256"]]
+        if changed:
+            raise UserError(f"{args.replay_only}: traces changed since that run: {', '.join(changed)}")
+        runs = [(c["flags"], c["server"], [row["server"] for row in c["rows"]]) for c in earlier["configs"]]
+    else:
+        binary = server_binary()
+        runs = []
+        for flags in CONFIGS[: args.configs]:
+            note(f"llama-server {flags}: {len(traces)} requests")
+            runs.append((flags, *serve(binary, gguf, flags.split(), traces)))
+    for flags, header, measured in runs:
         rows = compare_config(flags, traces, measured)
         counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
         flips_equal = sum(r.get("flip_counters") == "equal" for r in rows)
@@ -234,6 +248,8 @@ def run(args: argparse.Namespace, out: str, command: str) -> int:
         "traces": [{"name": t.name, "sha256": t.sha256} for t in traces],
         "configs": configs,
     }
+    if args.replay_only is not None:
+        result["server_run"] = {"file": args.replay_only, "command": earlier["command"], "machine": earlier["machine"]}
     write_results(out, result, markdown(result))
     return 0
 
@@ -290,6 +306,12 @@ def main() -> int:
     parser.add_argument("--first", type=cli.int_in(1, 10_000), help="only the first N of those (a quick check)")
     parser.add_argument(
         "--configs", type=cli.int_in(1, len(CONFIGS)), help=f"only the first N of the {len(CONFIGS)} configurations"
+    )
+    parser.add_argument(
+        "--replay-only",
+        metavar="RECORD.json",
+        help="run no server: compare the replay as the code stands with the server's side of an earlier result "
+        "(its traces, configurations and per-request tokens and counters)",
     )
     add_out(parser, "llamacpp_conformance", committed=True)
     args = parser.parse_args()
