@@ -129,6 +129,8 @@ def run_once(
     if "prompt_ms" not in timings or "predicted_ms" not in timings:
         raise ModelError(f"llama-server's reply has no timings (prompt_ms, predicted_ms): {sorted(reply)}")
     tokens = [int(t) for t in reply.get("tokens") or []]
+    if reply.get("stop_type") == "eos" and tokens:
+        tokens = tokens[:-1]  # a reply that ends at the EOS: the EOS is no token of it, as in the traces
     ms = float(timings["prompt_ms"]) + float(timings["predicted_ms"])
     counters = {**engine_counters(metrics), **steps} if flags else None
     compared = {k: counters[k] for k in (*COMPARED, *steps)} if counters is not None else None
