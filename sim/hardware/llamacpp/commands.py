@@ -1,6 +1,6 @@
 """The llamacpp backend's commands (sim/hardware/backends.py): sim.record through a real llama-server, once the
-command line's shared checks passed, and a cost profile of its decode step (sim.measure). Confirming is not part
-of this backend yet."""
+command line's shared checks passed, a cost profile of its decode step (sim.measure), and confirmation on a real
+llama-server (sim.confirm, confirm.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ DECODE = "llama-server /completion, greedy (top_k 1), no speculation, n_probs=2 
 
 def _refuse_torch_options(args: argparse.Namespace) -> None:
     """What llama-server cannot honour: random weights, another dtype or device, logits of more candidates."""
-    if args.serving:
+    if getattr(args, "serving", False):  # sim.measure's option; sim.record has none
         raise UserError("--serving measures vLLM's batched steps: give --engine vllm, or leave --serving out")
     if args.arch is not None or args.random_weights:
         raise UserError("--engine llamacpp runs a GGUF model's own weights: give --model NAME|PATH, not --arch")
@@ -101,7 +101,7 @@ def measure(
     """sim.measure --engine llamacpp: a profile of llama-server's decode step (sim/hardware/llamacpp/measure.py)."""
     from sim.hardware.llamacpp.measure import command
 
-    if args.serving:
+    if getattr(args, "serving", False):  # sim.measure's option; sim.record has none
         raise UserError("--serving measures vLLM's batched steps: give --engine vllm, or leave --serving out")
     if args.arch is not None or args.random_weights or args.dtype != "auto" or args.device not in ("auto", "cpu"):
         raise UserError("--engine llamacpp measures a GGUF model on the CPU: give --model NAME|PATH, no --arch/--dtype")
