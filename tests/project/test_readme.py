@@ -42,6 +42,10 @@ LEFT_OUT = {
     "python benchmarks/headroom.py": "runs for minutes; tests/project/test_benchmarks.py runs it (--out-dir) and "
     "compares it "
     "with the committed results",
+    "python -m sim.models build llama-server": "builds llama-server from source for ten minutes and more; .ci/run "
+    "builds it, and the llamacpp-marked tests run against it",
+    "python benchmarks/llamacpp_conformance.py": "needs llama-server and runs for half an hour "
+    "(tests/project/test_llamacpp_conformance.py, tests/hardware/test_llamacpp_real.py)",
     "python benchmarks/serving_speed.py": "runs for minutes; a benchmark, rerun by hand",
     "python benchmarks/serving_shapes.py": "runs for minutes; a benchmark, rerun by hand",
 }
