@@ -252,7 +252,12 @@ def line_of(path: Path, needle: str) -> int:
             "profiles:",
             "profiles: a serving study prices steps with one serving profile: serving/profile",
         ),
-        (lambda t: t + "engine: vllm\n", "engine: vllm", "engine: a serving study runs the serving model"),
+        (
+            lambda t: t + "engine: mlxcel\n",
+            "engine: mlxcel",
+            "engine: a serving study runs on one of llamacpp, vllm, got 'mlxcel'",
+        ),
+        (lambda t: t + "engine: llamacpp\n", "policy:", "policy: a llama.cpp serving study searches llama-server"),
         (
             lambda t: t.replace("  holdout_seeds: [1]", "  holdout_seeds: [1]\n  constraints: {max_p99_tpot: 5}"),
             "constraints:",

@@ -8,7 +8,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from optuna.trial import Trial
@@ -19,12 +19,11 @@ from sim.engine.arrivals import generated
 from sim.engine.serving import Arrival, ProfileCosts
 from sim.engine.serving_costs import ServingProfile, read_serving_profile
 from sim.engine.trace import Trace, read_trace
-from sim.rows.serving import ServingRow, Variant, arrivals_digest, run_serving
+from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning.evaluate.common import invalid, set_constraints
+from sim.tuning.serving_engines import DRIVER
 from sim.tuning.specs.reader import Reader
 from sim.tuning.specs.serving import OBJECTIVES, ServingSpec
-
-DRIVER = "recurrence"  # the plain-loop driver: the same steps as the simpy model, to the last bit, and faster
 
 
 @dataclass(frozen=True)
@@ -155,28 +154,14 @@ class ServingEvaluator:
         """One policy's row at every level (at the spec's arrivals seed by default); ConfigError for parameters the
         policy refuses."""
         spec = self.spec
-        rows = []
-        for level in self.levels(spec.load.seed if seed is None else seed):
-            row, _ = run_serving(
-                level.arrivals,
-                variant,
-                costs=self.costs,
-                profile_meta=self.profile_meta,
-                scheduler=spec.scheduler,
-                drafter=spec.drafter,
-                slo=spec.slo,
-                load=level.load,
-                driver=DRIVER,
-                max_tokens=spec.load.max_tokens,
-            )
-            rows.append(row)
-        return rows
+        levels = self.levels(spec.load.seed if seed is None else seed)
+        return [spec.serving.serve(spec, variant, lv.arrivals, lv.load, self.costs, self.profile_meta) for lv in levels]
 
     def none(self, seed: int | None = None) -> list[ServingRow]:
         """`none`'s rows, the reference of every objective: served once per seed and process."""
         key = self.spec.load.seed if seed is None else seed
         if key not in self._none:
-            self._none[key] = self.serve(Variant(name="none", values={}, label="none"), key)
+            self._none[key] = self.serve(self.spec.serving.none(self.spec), key)
         return self._none[key]
 
     def inputs_sha256(self) -> str:
@@ -187,8 +172,7 @@ class ServingEvaluator:
         parts = {
             "profile": self.profile.sha256,
             "traces": [t.sha256 for t in self.traces],
-            "drafter": spec.drafter_keys,
-            "scheduler": asdict(spec.scheduler),
+            **spec.serving.digest_parts(spec),
             "slo": spec.slo.as_dict(),
             "arrivals": [
                 level.load | {"digest": arrivals_digest(level.arrivals)} for level in self.levels(spec.load.seed)

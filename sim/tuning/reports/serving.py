@@ -4,15 +4,15 @@ As sim/tuning/reports/replay.py does for replay studies, everything here is a fu
 and its inputs (never wall-clock times), so the same study gives byte-identical files. The best, the baseline and
 `none` are served again here at every load level (the serving model is deterministic: the best's rows equal those
 its trial stored), and again at each holdout seed's arrivals, which no trial saw. best.yaml carries the policy and
-its parameters, the vLLM `speculative_config` and TensorRT-LLM settings that run it, and the hashes of every input.
+its parameters, what runs it on the study's engine (vLLM's `speculative_config`, the `vllm serve` line and
+TensorRT-LLM's settings; llama-server's flags and command line: sim/tuning/serving_engines.py) and the hashes of
+every input.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -22,9 +22,6 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from policies.speculation import Speculation, make_speculation
-from policies.vllm import parse_schedule
-from sim.core.errors import ConfigError
 from sim.core.io import naming, staged_folder, write_atomic
 from sim.rows.serving import ServingRow, Variant, arrivals_digest
 from sim.tuning import trials as stored
@@ -33,15 +30,7 @@ from sim.tuning.reports import common as shared  # the pieces both kinds' report
 from sim.tuning.specs.serving import OBJECTIVES, ServingSpec
 from sim.tuning.storage.url import redacted, storage_kind
 
-CONFIRM_SCRIPT = "benchmarks/serving_closed_loop.py"  # the closed-loop hardware benchmark the plan names
 TOP = 10  # trials the top table lists
-# vLLM's own flags for the scheduler keys a spec may set; kv_cache_tokens has none (vLLM sizes the cache in bytes).
-VLLM_FLAGS = {
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "block_size": "--block-size",
-    "max_model_len": "--max-model-len",
-}
 
 
 @dataclass(frozen=True)
@@ -60,23 +49,6 @@ def policy_of(spec: ServingSpec, trial: FrozenTrial) -> Variant:
 def serve_all(spec: ServingSpec, evaluator: ServingEvaluator, variant: Variant) -> Served:
     holdout = {seed: evaluator.serve(variant, seed) for seed in spec.holdout_seeds}
     return Served(variant.label, evaluator.serve(variant), holdout)
-
-
-def engine_configs(spec: ServingSpec, policy: Speculation[Any]) -> dict[str, Any]:
-    """What runs `policy` on an engine: vLLM's speculative_config (one-line JSON, None where vLLM has no setting for
-    the policy), the `vllm serve` line, TensorRT-LLM's settings (None where it has none)."""
-    try:
-        config = policy.vllm_config(spec.drafter_keys)
-    except ConfigError:
-        config = None
-    text = json.dumps(config, separators=(", ", ": ")) if config is not None else None
-    flags = "".join(f" {VLLM_FLAGS[k]} {v}" for k, v in spec.scheduler_keys.items() if k in VLLM_FLAGS)
-    if "chunked_prefill" in spec.scheduler_keys:
-        flags += (
-            " --enable-chunked-prefill" if spec.scheduler_keys["chunked_prefill"] else " --no-enable-chunked-prefill"
-        )
-    serve = f"vllm serve MODEL{flags}" + (f" --speculative-config {shlex.quote(text)}" if text is not None else "")
-    return {"speculative_config": text, "vllm_serve": serve, "trtllm": policy.trtllm_config()}
 
 
 def traces_digest(evaluator: ServingEvaluator) -> str:
@@ -102,16 +74,16 @@ def inputs_of(spec: ServingSpec, evaluator: ServingEvaluator) -> dict[str, Any]:
 
 
 def best_yaml(spec: ServingSpec, evaluator: ServingEvaluator, best: FrozenTrial, best_rows: list[ServingRow]) -> dict:
-    policy = make_speculation(spec.policy, spec.values(best.params))
+    values = spec.values(best.params)
     value = score(spec.objective, best_rows, evaluator.none())
     return {
         "policy": spec.policy,
-        "params": policy.settings(),
-        **engine_configs(spec, policy),
-        # what the closed-loop confirmation serves beside the best (benchmarks/serving_closed_loop.py --study)
-        "baseline": {"policy": spec.baseline.name, "params": dict(spec.baseline.values)},
-        "drafter": spec.drafter_keys,
-        "scheduler": asdict(spec.scheduler),
+        "params": spec.serving.settings(spec.policy, values),
+        **spec.serving.configs(spec, values),
+        # what the closed-loop confirmation serves beside the best (the confirmation plan's benchmark, --study)
+        "baseline": spec.serving.baseline_record(spec),
+        **({"drafter": spec.drafter_keys} if spec.drafter is not None else {}),
+        "scheduler": spec.serving.scheduler_record(spec, values),
         "inputs": inputs_of(spec, evaluator),
         "notes": f"study {spec.name}, trial {best.number}: {spec.objective} {value:.4f} (none = 1) over "
         f"{len(spec.rates)} load levels (spec sha256 {spec.sha256[:12]})",
@@ -178,8 +150,7 @@ def _head(spec: ServingSpec, evaluator: ServingEvaluator, trials: list[FrozenTri
         "",
         f"Load levels: {', '.join(f'{r:g}' for r in spec.rates)} requests/s, each {size} (burstiness "
         f"{load.burstiness:g}, arrivals seed {load.seed}), drawn from {len(evaluator.traces)} traces; the serving "
-        f"model's recurrence driver; scheduler {json.dumps(asdict(spec.scheduler), sort_keys=True)}; drafter "
-        f"{json.dumps(spec.drafter_keys, sort_keys=True)}; slo {slo}.",
+        f"model's recurrence driver; {spec.serving.describe(spec)}; slo {slo}.",
         "",
         shared.counts(trials) + ".",
         "",
@@ -202,9 +173,21 @@ def _no_best(spec: ServingSpec, trials: list[FrozenTrial], removed: bool) -> lis
     return [f"**No feasible completed trial yet.** No best.yaml was written.{gone}", ""]
 
 
+def _below_none(spec: ServingSpec, value: float) -> list[str]:
+    """Every objective is a ratio to none's: a best below 1 means no searched configuration beat not speculating."""
+    if value >= 1.0:
+        return []
+    return [
+        f"**No trial beats none**: the best scores {value:.4f} on {spec.objective} (none = 1). At these loads the "
+        "model's advice is not to speculate; the best below is the least costly speculating configuration, and the "
+        "confirmation plan checks that order on the engine.",
+        "",
+    ]
+
+
 def _params_table(spec: ServingSpec, best: FrozenTrial) -> list[str]:
-    settings = make_speculation(spec.policy, spec.values(best.params)).settings()
-    base = make_speculation(spec.baseline.name, spec.baseline.values).settings()
+    settings = spec.serving.settings(spec.policy, spec.values(best.params))
+    base = spec.serving.settings(spec.baseline.name, spec.baseline.values)
     same = spec.baseline.name == spec.policy
     space = {d.name: d.describe() for d in spec.search_space}
     lines = ["## Best parameters", "", "| parameter | best | baseline | searched |", "|---|---|---|---|"]
@@ -216,28 +199,7 @@ def _params_table(spec: ServingSpec, best: FrozenTrial) -> list[str]:
 
 
 def _engines_section(spec: ServingSpec, best: FrozenTrial, configs: dict[str, Any]) -> list[str]:
-    policy = make_speculation(spec.policy, spec.values(best.params))
-    lines = ["## Run it on an engine", ""]
-    if configs["speculative_config"] is not None:
-        lines += [
-            "vLLM 0.32 (`speculative_config` in best.yaml; MODEL: the model the profile was measured with):",
-            "",
-            f"    {configs['vllm_serve']}",
-            "",
-        ]
-    else:
-        lines += [f"vLLM has no setting for policy {spec.policy}: no speculative_config.", ""]
-    if configs["trtllm"] is not None:
-        lines += [f"TensorRT-LLM (`trtllm` in best.yaml): `{json.dumps(configs['trtllm'], sort_keys=True)}`.", ""]
-    ranges = getattr(policy, "ranges", None)
-    if isinstance(ranges, (tuple, list)) and ranges:
-        # Shown up to max_num_seqs, the largest batch the engine runs: the last range reaches far beyond it.
-        most = spec.scheduler.max_num_seqs
-        cap = getattr(policy, "cap", math.inf)  # vLLM's num_speculative_tokens clamps every range's K
-        schedule = parse_schedule([list(x) for x in ranges])
-        parts = [f"{min(k, cap)} for batch {a}..{min(b, most)}" for a, b, k in schedule if a <= most]
-        lines += [f"K by running batch size (up to max_num_seqs {most}): {'; '.join(parts)}.", ""]
-    return lines
+    return ["## Run it on an engine", "", *spec.serving.run_section(spec, spec.values(best.params), configs)]
 
 
 def _values_table(
@@ -318,7 +280,7 @@ def _confirm_section(spec: ServingSpec, served: Sequence[tuple[str, list[Serving
         "Serve the best, the baseline and none on the engine itself, closed loop, at the load levels below, and "
         "compare with what the model predicts here:",
         "",
-        f"    python {CONFIRM_SCRIPT} --study {study} --rates {rates}",
+        f"    python {spec.serving.confirm_script} --study {study} --rates {rates}",
         "",
         "| rate (req/s) | policy | predicted output tok/s | x none | TPOT p99 ms |",
         "|---|---|---|---|---|",
@@ -439,8 +401,9 @@ def _write_serving(
             f"{spec.name}: best feasible trial #{best.number}: {spec.objective} {value:.4f} vs baseline "
             f"{spec.baseline.label} {base_value:.4f} (none = 1; {100 * (value / base_value - 1):+.2f}%)"
         )
-        configs = engine_configs(spec, make_speculation(spec.policy, spec.values(best.params)))
-        body = [f"**{summary}.**", "", *_params_table(spec, best), *_engines_section(spec, best, configs)]
+        configs = spec.serving.configs(spec, spec.values(best.params))
+        body = [f"**{summary}.**", "", *_below_none(spec, value), *_params_table(spec, best)]
+        body += _engines_section(spec, best, configs)
     lines = [
         *_head(spec, evaluator, trials),
         *body,

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.speculation import REGISTRY, Speculation, make_speculation
-from policies.vllm import SCHEDULE_KEY, VllmParams, from_speculative_config
+from policies.vllm import VllmParams
 from sim.core.errors import ConfigError, ProfileError
-from sim.core.params import build_params, fields_of
-from sim.engine.serving import SchedulerParams
+from sim.engine.engines import SERVING_ENGINE, engine_named, engine_names
 from sim.engine.serving_costs import read_serving_profile
 from sim.rows.serving import Slo, Variant, drafter_settings
+from sim.tuning.serving_engines import ServingEngine, serving_engine
 from sim.tuning.specs.common import Dimension, check_in_space, read_space, search_settings, study_name
 from sim.tuning.specs.loads import (
     CONSTRAINTS,
@@ -49,10 +48,11 @@ OBJECTIVES = {
 KEYS = {
     "traces": "list of trace globs: the recorded requests each arrival draws one of",
     "profile": "serving cost profile: a bundled name (traces/profiles/serving/) or a YAML path",
-    "drafter": "the drafter by vLLM's speculative_config keys without K: {method: ngram, prompt_lookup_min, "
-    "prompt_lookup_max} or {method: suffix, ...} (default: ngram, 2..3, as python -m sim.serve)",
-    "scheduler": "SchedulerParams keys (max_num_seqs, max_num_batched_tokens, kv_cache_tokens, block_size, "
-    "max_model_len, chunked_prefill); the rest take their defaults",
+    "drafter": "vLLM only: the drafter by vLLM's speculative_config keys without K: {method: ngram, "
+    "prompt_lookup_min, prompt_lookup_max} or {method: suffix, ...} (default: ngram, 2..3, as python -m sim.serve)",
+    "scheduler": "vLLM: SchedulerParams keys (max_num_seqs, max_num_batched_tokens, kv_cache_tokens, block_size, "
+    "max_model_len, chunked_prefill); llama.cpp: the slots' serving keys (batch_size, ubatch_size, "
+    "slot_prompt_similarity, cache_prompt, cont_batching); the rest take their defaults",
     "arrivals": "{requests: N | duration_s: S, burstiness: gamma shape (default 1: Poisson), seed (default 0), "
     "max_tokens: a cap on every reply below the traces' own (default: none)}",
     "rates": "the load levels: a list of request rates, requests per second",
@@ -66,7 +66,6 @@ KEYS = {
 REPLAY_ONLY = {
     "traces": "a serving study lists its traces in serving/traces",
     "profiles": "a serving study prices steps with one serving profile: serving/profile",
-    "engine": "a serving study runs the serving model of vLLM's engine; its drafter goes in serving/drafter",
     "drafter": "a serving study's drafter is vLLM's, by its keys: serving/drafter",
     "objective": f"a serving study's objective is serving/objective ({', '.join(OBJECTIVES)})",
     "objectives": f"a serving study has one objective: serving/objective ({', '.join(OBJECTIVES)})",
@@ -78,6 +77,7 @@ REPLAY_ONLY = {
 }
 TOP_KEYS = (
     "name",
+    "engine",
     "policy",
     "search_space",
     "fixed",
@@ -89,8 +89,6 @@ TOP_KEYS = (
     "storage",
     "notes",
 )
-# vLLM's documented n-gram example, as python -m sim.serve's default drafter: matching 2- to 3-grams.
-DEFAULT_DRAFTER = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 3}
 
 
 @dataclass(frozen=True)
@@ -98,6 +96,7 @@ class ServingSpec:
     """A serving study, as sim/tuning/search.py runs it (the `Searched` protocol) and the report reads it."""
 
     name: str
+    engine: str  # the registered engine whose serving scheduler serves every trial
     policy: str
     search_space: tuple[Dimension, ...]
     fixed: dict[str, Any]
@@ -105,9 +104,9 @@ class ServingSpec:
     traces: tuple[str, ...]  # resolved files, sorted
     trace_globs: tuple[str, ...]  # as the spec writes them
     profile: str  # as the spec names it: a bundled name or a path
-    drafter: VllmParams
-    scheduler: SchedulerParams
-    scheduler_keys: dict[str, Any]  # the scheduler keys the spec sets, for the `vllm serve` line
+    drafter: VllmParams | None  # vLLM's drafter; None where the engine's drafters are its policy's settings
+    scheduler: Any  # the serving engine's scheduler settings (ServingEngine.read_scheduler)
+    scheduler_keys: dict[str, Any]  # the scheduler keys the spec sets, for the engine's command line
     load: Load
     rates: tuple[float, ...]  # ascending
     slo: Slo
@@ -129,9 +128,15 @@ class ServingSpec:
         return (self.objective,)
 
     @property
+    def serving(self) -> ServingEngine:
+        """The engine's part of the study: how it serves, what runs the best on it."""
+        return serving_engine(engine_named(self.engine).scheduler or "")
+
+    @property
     def drafter_keys(self) -> dict[str, Any]:
-        """The drafter as vLLM's speculative_config says it (method and its settings; K is the policy's)."""
-        return drafter_settings(self.drafter)
+        """The drafter as vLLM's speculative_config says it (method and its settings; K is the policy's); empty
+        where the engine has no drafter apart from the policy."""
+        return drafter_settings(self.drafter) if self.drafter is not None else {}
 
     def suggest(self, trial: Any) -> dict[str, Any]:
         return {dim.name: dim.suggest(trial) for dim in self.search_space}
@@ -144,7 +149,7 @@ class ServingSpec:
         """The baseline's searched parameters, enqueued as trial 0 when it is of the searched family."""
         if self.baseline.name != self.policy:
             return None
-        settings = make_speculation(self.baseline.name, self.baseline.values).settings()
+        settings = self.serving.settings(self.baseline.name, self.baseline.values)
         return {dim.name: settings[dim.name] for dim in self.search_space}
 
 
@@ -154,18 +159,18 @@ def serving_spec(r: Reader, raw: dict[str, Any], path: str, text: str, sha256: s
         if key in raw:
             raise r.fail(f"{key}: {why}", key)
     r.check_keys(raw, TOP_KEYS)
-    for key in ("name", "policy", "search_space"):
+    for key in ("name", "search_space"):
         if key not in raw:
             raise r.fail(f"missing {key!r} (a serving study needs name, policy, search_space and serving)")
     name = study_name(r, raw["name"])
-    cls = _policy(r, raw["policy"])
-    owners = {k: cls.Params for k in fields_of(cls.Params)}
+    engine, kind = _engine(r, raw.get("engine", SERVING_ENGINE))
+    policy, owners = kind.read_policy(r, raw.get("policy"))
     space, fixed = read_space(r, raw, owners, {})
     try:
-        make_speculation(cls.name, fixed)
+        kind.settings(policy, fixed)
     except ConfigError as err:
         raise r.fail(f"fixed: {err}", "fixed") from None
-    baseline = _baseline(r, raw.get("baseline"), cls.name)
+    baseline = kind.read_baseline(r, raw.get("baseline"), policy, fixed)
 
     section = r.check_keys(raw["serving"], KEYS, "serving")
     if "traces" not in section or "profile" not in section or "rates" not in section:
@@ -173,12 +178,8 @@ def serving_spec(r: Reader, raw: dict[str, Any], path: str, text: str, sha256: s
         raise r.fail(f"serving: missing {missing!r} ({KEYS[missing]})", "serving")
     traces, globs = _traces(r, section["traces"])
     profile = _profile(r, section["profile"])
-    drafter = _drafter(r, section.get("drafter", DEFAULT_DRAFTER))
-    scheduler_keys = r.check_keys(section.get("scheduler") or {}, fields_of(SchedulerParams), "serving", "scheduler")
-    try:
-        scheduler = build_params(SchedulerParams, scheduler_keys, "scheduler", typed=True)
-    except ConfigError as err:
-        raise r.fail(f"serving/{err}", "serving", "scheduler") from None
+    drafter = kind.read_drafter(r, section)
+    scheduler, scheduler_keys = kind.read_scheduler(r, section.get("scheduler"))
     load = read_load(r, section.get("arrivals"))
     rates = read_rates(r, section["rates"], "rates")
     slo = read_slo(r, section.get("slo"))
@@ -193,7 +194,8 @@ def serving_spec(r: Reader, raw: dict[str, Any], path: str, text: str, sha256: s
     settings = search_settings(r, raw, name, 1)
     spec = ServingSpec(
         name=name,
-        policy=cls.name,
+        engine=engine,
+        policy=policy,
         search_space=space,
         fixed=fixed,
         baseline=baseline,
@@ -202,7 +204,7 @@ def serving_spec(r: Reader, raw: dict[str, Any], path: str, text: str, sha256: s
         profile=profile,
         drafter=drafter,
         scheduler=scheduler,
-        scheduler_keys=dict(sorted(scheduler_keys.items())),
+        scheduler_keys=scheduler_keys,
         load=load,
         rates=rates,
         slo=slo,
@@ -223,28 +225,13 @@ def serving_spec(r: Reader, raw: dict[str, Any], path: str, text: str, sha256: s
     return spec
 
 
-def _policy(r: Reader, raw: Any) -> type[Speculation[Any]]:
-    try:
-        cls = REGISTRY.get_class(str(raw))
-    except ConfigError as err:
-        raise r.fail(f"{err} (a serving study tunes a serving speculation policy)", "policy") from None
-    if not fields_of(cls.Params):
-        raise r.fail(f"policy {cls.name} has no parameters to search; it is every study's reference anyway", "policy")
-    return cls
-
-
-def _baseline(r: Reader, raw: Any, policy: str) -> Variant:
-    found = r.check_keys(raw or {"policy": policy}, ("policy", "params"), "baseline")
-    name = str(found.get("policy", policy))
-    params = found.get("params") or {}
-    if not isinstance(params, dict):
-        raise r.fail(f"baseline/params must be a mapping of {name}'s parameters, got {params!r}", "baseline", "params")
-    try:
-        made = make_speculation(name, params)
-    except ConfigError as err:
-        raise r.fail(f"baseline: {err}", "baseline") from None
-    label = name + "".join(f":{k}={v}" for k, v in sorted(params.items()))
-    return Variant(name=made.name, values=dict(sorted(params.items())), label=label)
+def _engine(r: Reader, raw: Any) -> tuple[str, ServingEngine]:
+    """`engine:` of a serving study: a registered engine with a serving scheduler, and its part of the study."""
+    name = str(raw)
+    serving = [n for n in engine_names() if engine_named(n).scheduler is not None]
+    if name not in engine_names() or engine_named(name).scheduler is None:
+        raise r.fail(f"engine: a serving study runs on one of {', '.join(serving)}, got {raw!r}", "engine")
+    return name, serving_engine(engine_named(name).scheduler or "")
 
 
 def _traces(r: Reader, raw: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -280,22 +267,8 @@ def _profile(r: Reader, raw: Any) -> str:
     return raw
 
 
-def _drafter(r: Reader, raw: Any) -> VllmParams:
-    where = ("serving", "drafter")
-    if not isinstance(raw, dict):
-        raise r.fail(f"serving/drafter must be a mapping of vLLM's drafter keys, got {raw!r}", *where)
-    for key in ("num_speculative_tokens", SCHEDULE_KEY):
-        if key in raw:
-            raise r.fail(f"serving/drafter gives the drafter only; {key} is what the policy decides", *where, key)
-    try:
-        # K is the policy's: the drafter is built with K = 1, as python -m sim.serve builds it.
-        return from_speculative_config({**raw, "num_speculative_tokens": 1}, "serving/drafter")
-    except ConfigError as err:
-        raise r.fail(str(err), *where) from None
-
-
 def _check_baseline_in_space(r: Reader, spec: ServingSpec) -> None:
     """A baseline of the searched family is trial 0, so its values must lie inside the searched ranges."""
     if spec.baseline.name != spec.policy:
         return
-    check_in_space(r, spec.search_space, make_speculation(spec.baseline.name, spec.baseline.values).settings())
+    check_in_space(r, spec.search_space, spec.serving.settings(spec.baseline.name, spec.baseline.values))
