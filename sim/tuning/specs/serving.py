@@ -1,11 +1,14 @@
-"""Serving studies: tune a serving speculation policy (policies/speculation.py) under load, in the serving model.
+"""Serving studies: tune a serving configuration under load, in the serving model of one engine.
 
-A spec with a `serving:` section (docs/tuning.md, "Serving studies") searches a speculation policy's parameters
-(dsd_tiers' schedule, say) by serving the same recorded requests at several load levels per trial, with the
-serving model's `recurrence` driver (sim/engine/serving.py) and one serving cost profile. Each level is one
-request rate; its arrivals are generated once from the spec's seed (sim/engine/arrivals.py), so every trial, the
-baseline and `none` (no speculation, the reference of every objective) see the very same requests. `none`'s rows
-are served once per invocation, not per trial.
+A spec with a `serving:` section (docs/tuning.md, "Serving studies") names an engine with a serving scheduler
+(`engine:`, by default vLLM) and searches what configures speculation on it: on vLLM a speculation policy's
+parameters (policies/speculation.py: dsd_tiers' schedule, say), on llama.cpp llama-server's own flags
+(policies/llamacpp.py). Each trial serves the same recorded requests at several load levels with the serving
+model's `recurrence` driver and one serving cost profile. Each level is one request rate; its arrivals are generated
+once from the spec's seed (sim/engine/arrivals.py), so every trial, the baseline and `none` (no speculation, the
+reference of every objective) see the very same requests. `none`'s rows are served once per invocation, not per
+trial. What differs between engines (the searched family, the scheduler's keys, a drafter, how a configuration is
+served and written out) is each engine's registered class in sim/tuning/serving_engines.py.
 
 This module reads the spec (with the reader of sim/tuning/specs/reader.py: the same `file:line` errors as a replay
 study's; its load levels with loads.py); sim/tuning/evaluate/serving.py serves the trials, run through
