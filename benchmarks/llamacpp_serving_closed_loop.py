@@ -14,11 +14,13 @@ The committed benchmarks/results/llamacpp_serving_closed_loop.{json,md} are this
 
 Requests are greedy traces recorded through llama-server (--corpus) whose prompts are at most --max-prompt-tokens
 long, drawn and timed by `sim.engine.arrivals.generated` (Poisson, one seed per rate), each capped at --max-tokens.
-Per configuration one server (sim/hardware/llamacpp/server.py: `-np` and `-c` as the configuration's flags say,
---slots and --ctx where they say nothing, `-t 1 -tb 1 --cache-ram 0`, pinned to --server-cpu; run the client on
-another CPU), started once; the rates run in turn, the whole pass --repeats times, so drift shows as the spread
-between repeats. The client streams every reply (`cache_prompt` on, llama-server's default, unless a --study's
-scheduler says otherwise) and checks it against its trace.
+Per configuration and run a fresh server (sim/hardware/llamacpp/server.py: `-np` and `-c` as the configuration's
+flags say, --slots and --ctx where they say nothing, `-t 1 -tb 1 --cache-ram 0`, pinned to --server-cpu; run the
+client on another CPU): a server that had served the requests before would find their prompts in its slots and
+draft from their replies (ngram-mod's and ngram-cache's tables outlive a request), where the model starts every run
+empty. The rates run in turn, the whole pass --repeats times, so drift shows as the spread between repeats. The
+client streams every reply (`cache_prompt` on, llama-server's default, unless a --study's scheduler says otherwise)
+and checks it against its trace.
 
 Compared per configuration and rate, as benchmarks/serving_closed_loop.py does for vLLM: output throughput (first
 send to last token), TTFT, TPOT, ITL and end-to-end latency (mean and p99), measured (median of the repeats) beside
@@ -152,6 +154,7 @@ def measured_metrics(records: list[RequestRecord], arrivals: list[Arrival], cap:
         "e2e_p99": p99(e2es),
         "tokens": tokens,
         "slots": [r.id_slot for r in records],
+        "prompt_n": sum(r.timings.get("prompt_n", 0) for r in records),  # prompt tokens the server processed
         "draft_n": sum(r.timings.get("draft_n", 0) for r in records),
         "draft_n_accepted": sum(r.timings.get("draft_n_accepted", 0) for r in records),
         "mismatched": mismatched,
@@ -397,20 +400,22 @@ def measure(
         # -np and -c go as LlamaServer's own arguments (each configuration's: predicted with them); the rest are the
         # configuration's flags and the serving settings
         flags = [*SLOT_FLAGS, *server_flags(client), *dataclasses.replace(params, parallel=-1, ctx_size=0).argv()]
-        note(f"{label}: starting llama-server")
-        with LlamaServer(
-            server_binary(), args.gguf, flags, slots=params.parallel, ctx=params.ctx_size, cpu=args.server_cpu
-        ) as server:
-            servers[label] = server.header()
-            for repeat in range(args.repeats):
-                for rate, chosen in arrivals.items():
-                    note(f"  {label} @ {rate} req/s, pass {repeat + 1}/{args.repeats}")
+        for repeat in range(args.repeats):
+            for rate, chosen in arrivals.items():
+                # a fresh server for every run: one that served the requests before would hold their prompts in its
+                # slots and their replies in ngram-mod's and ngram-cache's tables, and the model starts each run
+                # with neither
+                note(f"  {label} @ {rate} req/s, pass {repeat + 1}/{args.repeats}: starting llama-server")
+                with LlamaServer(
+                    server_binary(), args.gguf, flags, slots=params.parallel, ctx=params.ctx_size, cpu=args.server_cpu
+                ) as server:
+                    servers.setdefault(label, server.header())
                     before, started = loadavg(), time.perf_counter()
                     load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
                     records = run_load(server, load, cache_prompt=bool(client["cache_prompt"]))
-                    metrics = measured_metrics(records, chosen, args.max_tokens)
-                    metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
-                    measured.setdefault(f"{label}@{rate}", []).append(metrics)
+                metrics = measured_metrics(records, chosen, args.max_tokens)
+                metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
+                measured.setdefault(f"{label}@{rate}", []).append(metrics)
     return measured, servers
 
 
