@@ -243,7 +243,8 @@ class Study:
 
 def _study_params(entry: dict[str, Any], where: str) -> LlamaServerParams | None:
     """A best.yaml entry's (the best's or its baseline's) configuration: its llama_server_flags, which must say what
-    its params say where it has both; None for a baseline without speculation (`policy: none`)."""
+    its params say where it has both (-np and -c may be left to the params); None for a baseline without
+    speculation (`policy: none`)."""
     flags, params = entry.get("llama_server_flags"), entry.get("params")
     if flags is None and entry.get("policy") == "none":
         return None
@@ -255,6 +256,12 @@ def _study_params(entry: dict[str, Any], where: str) -> LlamaServerParams | None
             said: LlamaServerParams = make_config("llamacpp", dict(params)).params
         except ConfigError as err:
             raise StudyError(f"{where}: params: {err}") from None
+        if parsed is not None:
+            # what the flags leave to llama-server (-np, -c) or cannot say (the model's trained context) is the
+            # params' where they give it: a baseline's flags may carry its speculation alone
+            unset = {"parallel": -1, "ctx_size": 0}
+            kept = {k: getattr(said, k) for k, v in unset.items() if getattr(parsed, k) == v}
+            parsed = dataclasses.replace(parsed, **kept, n_ctx_train=said.n_ctx_train)
         if parsed is not None and parsed != said:
             raise StudyError(
                 f"{where}: llama_server_flags is not what params say ({' '.join(said.argv())}); make them agree"

@@ -223,3 +223,21 @@ def test_the_vllm_benchmark_points_a_llamacpp_study_to_this_one(tmp_path):
         Outcome(done.returncode, done.stdout, done.stderr),
         "a llama.cpp study's best.yaml; confirm it with benchmarks/llamacpp_serving_closed_loop.py --study",
     )
+
+
+def test_a_baseline_whose_flags_leave_slots_and_context_to_its_params_runs_at_its_params(tmp_path):
+    """A study may write a baseline's flags as its speculation alone, with -np and -c in its params: they agree."""
+    text = STUDY.replace(
+        "params: {type: ngram-simple, ngram_simple_size_n: 4, ngram_simple_size_m: 8}",
+        "params: {type: ngram-simple, ngram_simple_size_n: 4, ngram_simple_size_m: 8, parallel: 2, ctx_size: 4096}",
+    )
+    done = run(["--predict-only", "--study", str(study(tmp_path, text)), *QUICK], tmp_path)
+    assert done.code == 0, done.stderr
+    flags, _ = predictions(done.stdout)
+    assert flags["baseline"] == f"{BASELINE} --ctx-size 4096 --parallel 2"
+    # its params at other slots than the flags give are still refused
+    text = text.replace(f'llama_server_flags: "{BASELINE}"', f'llama_server_flags: "{BASELINE} -np 3"')
+    assert_refused(
+        run(["--predict-only", "--study", str(study(tmp_path, text)), *QUICK], tmp_path),
+        "baseline: llama_server_flags is not what params say",
+    )
