@@ -2,6 +2,8 @@
 tables a person can read on stdout, and, for the benchmarks that time real forwards, how loaded the machine was and
 whether the noise bounds the error they measured.
 
+The serving closed loops (vLLM's and llama-server's) share their rankings and the confirmation a --study writes.
+
 Imported by the scripts beside it as `_harness` (a script's folder is first on sys.path when Python runs it).
 """
 
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 # A benchmark that loads a model never reaches for the hub, whatever the caller's environment says.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from sim.core.io import write_atomic_all  # noqa: E402
+from sim.core.io import check_out_file, write_atomic, write_atomic_all  # noqa: E402
 from sim.core.progress import Progress  # noqa: E402
 from sim.hardware.options import progress as _progress  # noqa: E402  (torch-free: bars on stderr, TQDM_DISABLE)
 from sim.hardware.options import require_torch  # noqa: E402
@@ -161,6 +163,98 @@ def stem(out: str) -> str:
     """A result stem from --out: `benchmarks/results/NAME` or `benchmarks/results/NAME.json` (the form every other
     benchmark takes) both give `benchmarks/results/NAME`, to which `.json`, `.md` and the like are added."""
     return out[: -len(".json")] if out.endswith(".json") else out
+
+
+# ---------------------------------------------------------------- serving closed loops: rankings and confirmations
+
+# the serving metrics a ranking compares, by the key the closed loops' comparisons hold them under, with the prefix
+# of its fields (mean TPOT keeps the unprefixed names the first confirmations were written with)
+RANKED = {"tpot_mean": "", "throughput": "throughput_"}
+
+
+def rank(comparisons: dict[str, dict[str, Any]], rates: Sequence[float]) -> dict[str, list[dict[str, Any]]]:
+    """Per rate, every pair of configurations of a serving closed loop (`comparisons`: per `LABEL@RATE` the
+    `config`, `rate`, `measured_median`, `measured_spread` and `predicted` metrics): the measured and predicted
+    mean-TPOT difference (`measured_tpot_diff`, a / b - 1), the noise (the larger of the two spreads across
+    repeats), whether the measurement decides the order (the difference exceeds the noise) and whether the
+    prediction agrees; the same for output throughput, under `throughput_`."""
+    rankings: dict[str, list[dict[str, Any]]] = {}
+    for rate in rates:
+        here = [c for c in comparisons.values() if c["rate"] == rate]
+        pairs = []
+        for i, a in enumerate(here):
+            for b in here[i + 1 :]:
+                pair: dict[str, Any] = {"pair": [a["config"], b["config"]]}
+                for key, prefix in RANKED.items():
+                    name = "tpot" if key == "tpot_mean" else key
+                    m = a["measured_median"][key] / b["measured_median"][key] - 1
+                    p = a["predicted"][key] / b["predicted"][key] - 1
+                    noise = max(a["measured_spread"][key], b["measured_spread"][key])
+                    pair[f"measured_{name}_diff"] = m
+                    pair[f"predicted_{name}_diff"] = p
+                    pair[f"{prefix}noise"] = noise
+                    pair[f"{prefix}decided"] = abs(m) > noise
+                    pair[f"{prefix}agree"] = (m > 0) == (p > 0)
+                pairs.append(pair)
+        rankings[str(rate)] = pairs
+    return rankings
+
+
+def ranking_lines(rankings: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One markdown line per rate and pair: the measured and predicted differences, the noise and the verdict
+    (agree, DISAGREE, or within noise), mean TPOT then throughput."""
+    lines = []
+    for rate, pairs in rankings.items():
+        for pair in pairs:
+            parts = []
+            for key, prefix in RANKED.items():
+                name = "tpot" if key == "tpot_mean" else key
+                if f"measured_{name}_diff" not in pair:
+                    continue
+                decided, agree = pair[f"{prefix}decided"], pair[f"{prefix}agree"]
+                verdict = ("agree" if agree else "DISAGREE") if decided else "within noise"
+                parts.append(
+                    f"{'TPOT' if name == 'tpot' else name} {pair[f'measured_{name}_diff']:+.1%}, predicted "
+                    f"{pair[f'predicted_{name}_diff']:+.1%}, noise {pair[f'{prefix}noise']:.1%}: {verdict}"
+                )
+            lines.append(f"- {rate} req/s, {pair['pair'][0]} vs {pair['pair'][1]}: measured {'; '.join(parts)}")
+    return lines
+
+
+def confirm_target(confirm_out: str | None, out: Path, force: bool) -> Path:
+    """Where a --study's confirmation goes: --confirm-out, else beside OUT as NAME_confirm.json; refused before the
+    run (one error line) when the file exists and --force was not given, or cannot be written there."""
+    target = Path(confirm_out) if confirm_out else out.with_name(out.stem + "_confirm.json")
+    return check_out_file(target, "--confirm-out", force)
+
+
+def write_confirm(
+    target: Path,
+    force: bool,
+    result: dict[str, Any],
+    best: dict[str, Any],
+    out: Path,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """A --study's confirmation (the command, the study's best.yaml, the rates, comparisons and rankings, the
+    closed loop's result file `out`, and a benchmark's own `extra` keys) written to `target`; returns the path
+    written. A file that appeared there while the run ran is kept without --force: the confirmation then goes beside
+    it, NAME.TIME.json."""
+    confirm = {
+        **(extra or {}),
+        "command": result["command"],
+        "best": best,
+        "rates": result["rates"],
+        "comparisons": result["comparisons"],
+        "rankings": result["rankings"],
+        "closed_loop": str(out),
+    }
+    if target.exists() and not force:
+        target = target.with_name(target.stem + f".{int(time.time())}.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(target, json.dumps(confirm, indent=2, sort_keys=True, default=str) + "\n")
+    note(f"confirmation written to {target}")
+    return target
 
 
 # ------------------------------------------------------------------------------------- the machine's load and noise

@@ -3,8 +3,9 @@ the slots benchmarks.
 
 `run_load` sends requests at their times whether or not earlier ones finished (a thread each, stdlib
 `http.client`), streams each reply from the native `/completion` endpoint with the lab's greedy sampling and
-`cache_prompt` on (llama-server's default), and records when every chunk with tokens arrived, which slot served it
-and the reply's timings. Times are `time.perf_counter()` seconds from the start of the run.
+`cache_prompt` as asked (on by default, as llama-server's own default), and records when every chunk with tokens
+arrived, which slot served it and the reply's timings. Times are `time.perf_counter()` seconds from the start of
+the run.
 """
 
 from __future__ import annotations
@@ -71,14 +72,20 @@ def _read_stream(response: http.client.HTTPResponse, record: RequestRecord, star
             return
 
 
-def _send(server: LlamaServer, request: tuple[float, Sequence[int], int], record: RequestRecord, start: float) -> None:
+def _send(
+    server: LlamaServer,
+    request: tuple[float, Sequence[int], int],
+    record: RequestRecord,
+    start: float,
+    cache_prompt: bool,
+) -> None:
     at_s, prompt, n_predict = request
     delay = start + at_s - time.perf_counter()
     if delay > 0:
         time.sleep(delay)
     body = {"prompt": [int(t) for t in prompt], "n_predict": n_predict, "stream": True, "return_tokens": True}
     body.update(GREEDY)
-    body["cache_prompt"] = True
+    body["cache_prompt"] = cache_prompt
     connection = http.client.HTTPConnection(HOST, server.port, timeout=900)
     try:
         record.sent_s = time.perf_counter() - start
@@ -94,12 +101,15 @@ def _send(server: LlamaServer, request: tuple[float, Sequence[int], int], record
         connection.close()
 
 
-def run_load(server: LlamaServer, requests: Sequence[tuple[float, Sequence[int], int]]) -> list[RequestRecord]:
-    """Send every (at_s, prompt, n_predict) at its time and stream its reply."""
+def run_load(
+    server: LlamaServer, requests: Sequence[tuple[float, Sequence[int], int]], cache_prompt: bool = True
+) -> list[RequestRecord]:
+    """Send every (at_s, prompt, n_predict) at its time and stream its reply; every request asks `cache_prompt`
+    (llama-server's default, on)."""
     records = [RequestRecord(i, at) for i, (at, _, _) in enumerate(requests)]
     start = time.perf_counter()
     threads = [
-        threading.Thread(target=_send, args=(server, request, record, start), daemon=True)
+        threading.Thread(target=_send, args=(server, request, record, start, cache_prompt), daemon=True)
         for request, record in zip(requests, records, strict=True)
     ]
     for thread in threads:

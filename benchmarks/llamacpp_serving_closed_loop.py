@@ -5,7 +5,8 @@ serving profile) and measured on the server, at several request rates.
     DRAFTLAB_LLAMA_SERVER=/path/to/llama-server flock /work/briefs/timing.lock \\
         taskset -c 0 python benchmarks/llamacpp_serving_closed_loop.py --gguf MODEL.gguf \\
         [--corpus traces/llamacpp] [--rates 0.5,1,2] [--requests 16] [--max-tokens 64] [--repeats 2] \\
-        [--configs 'none;--spec-type ngram-simple ...'] [--profile P] [--predict-only] \\
+        [--configs 'none;--spec-type ngram-simple ...'] [--study studies/NAME [--confirm-out FILE] [--force]] \\
+        [--slots 4] [--ctx 8192] [--profile P] [--predict-only] \\
         [--out results/benchmarks/llamacpp_serving_closed_loop.json]
 
 The committed benchmarks/results/llamacpp_serving_closed_loop.{json,md} are this command's output with
@@ -13,14 +14,32 @@ The committed benchmarks/results/llamacpp_serving_closed_loop.{json,md} are this
 
 Requests are greedy traces recorded through llama-server (--corpus) whose prompts are at most --max-prompt-tokens
 long, drawn and timed by `sim.engine.arrivals.generated` (Poisson, one seed per rate), each capped at --max-tokens.
-Per configuration one server (sim/hardware/llamacpp/server.py: `-np --slots -c --ctx -t 1 -tb 1 --cache-ram 0`,
-pinned to --server-cpu; run the client on another CPU), started once; the rates run in turn, the whole pass
---repeats times, so drift shows as the spread between repeats. The client streams every reply (`cache_prompt` on,
-llama-server's default) and checks it against its trace.
+Per configuration and run a fresh server (sim/hardware/llamacpp/server.py: `-np` and `-c` as the configuration's
+flags say, --slots and --ctx where they say nothing, `-t 1 -tb 1 --cache-ram 0`, pinned to --server-cpu; run the
+client on another CPU): a server that had served the requests before would find their prompts in its slots and
+draft from their replies (ngram-mod's and ngram-cache's tables outlive a request), where the model starts every run
+empty. The rates run in turn, the whole pass --repeats times, so drift shows as the spread between repeats. The
+client streams every reply (`cache_prompt` on, llama-server's default, unless a --study's scheduler says otherwise)
+and checks it against its trace.
 
 Compared per configuration and rate, as benchmarks/serving_closed_loop.py does for vLLM: output throughput (first
 send to last token), TTFT, TPOT, ITL and end-to-end latency (mean and p99), measured (median of the repeats) beside
-simulated, with the signed error of the simulation.
+simulated, with the signed error of the simulation; and per rate every pair of configurations ranked by mean TPOT
+and by throughput, measured against predicted, where the measured difference exceeds the noise (the larger spread
+of the two across repeats).
+
+With --study STUDY (a llama.cpp study's folder; its best.yaml carries `llama_server_flags`): the study's best flags
+run as configuration `best` and its baseline's as `baseline`, beside `none` (the default --configs becomes `none`
+alone); flags the same as another configuration's run once, under the study's label. The study's `-np`/`-c` set
+--slots/--ctx when those are not given, and a --slots or --ctx that disagrees with them is an error; the serving
+settings of its `scheduler:` (batch sizes, -sps, cont-batching, cache_prompt) apply to every configuration, on the
+server and in the model. The confirmation (the command, best.yaml, the comparisons and rankings per rate, the
+result's path) goes to --confirm-out, by default beside --out as NAME_confirm.json; an existing file is refused
+before the run unless --force. For a study at studies/NAME:
+
+    DRAFTLAB_LLAMA_SERVER=/path/to/llama-server taskset -c 0 \\
+        python benchmarks/llamacpp_serving_closed_loop.py --gguf MODEL.gguf --study studies/NAME \\
+        --confirm-out studies/NAME/confirm/serving_confirm.json
 """
 
 from __future__ import annotations
@@ -29,6 +48,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
 import statistics
 import sys
 import time
@@ -42,21 +62,38 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import command_line, loadavg, note, table  # noqa: E402
+from _harness import (  # noqa: E402
+    command_line,
+    confirm_target,
+    loadavg,
+    note,
+    rank,
+    ranking_lines,
+    table,
+    write_confirm,
+)
 from _llamacpp_load import SLOT_FLAGS, RequestRecord, run_load  # noqa: E402
 
 from policies.llamacpp import LlamaServerParams, from_flags  # noqa: E402
-from sim.core.io import write_atomic_all  # noqa: E402
+from sim import cli  # noqa: E402
+from sim.core.errors import ConfigError, StudyError, UserError  # noqa: E402
+from sim.core.io import load_yaml, write_atomic_all  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import Arrival, ProfileCosts  # noqa: E402
+from sim.engine.serving.llamacpp_slots import SlotsParams  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
-from sim.rows.llamacpp_serving import run_llamacpp_serving, slots_params  # noqa: E402
+from sim.rows.config import make_config  # noqa: E402
+from sim.rows.llamacpp_serving import SERVING_KEYS, run_llamacpp_serving, slots_params  # noqa: E402
 from sim.rows.serving import Slo, emitted_and_itls  # noqa: E402
 
 SPEC = "--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
-PROFILE = "traces/profiles/serving/cpu-llamacpp-smollm2-135m-instruct-q4_1.yaml"
+PROFILE = "cpu-llamacpp-smollm2-135m-instruct-q4_1"  # a profile name: found from any folder
 STEP_GAP_S = 0.002  # a decode step takes ~10 ms or more here
 CLIENT = {"cache_prompt": True}  # what the load's requests ask (_llamacpp_load.py): llama-server's default
+SLOTS, CTX = 4, 8192  # -np and -c where neither a configuration, --slots/--ctx nor a --study says
+# the serving settings a study's scheduler may set, as llama-server's flags (cache_prompt is the request's own)
+SERVER_FLAGS = {"batch_size": "-b", "ubatch_size": "-ub", "slot_prompt_similarity": "-sps"}
+STUDY_LABELS = ("baseline", "best")
 KEYS = ("throughput", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "e2e_mean", "e2e_p99")
 
 
@@ -117,6 +154,7 @@ def measured_metrics(records: list[RequestRecord], arrivals: list[Arrival], cap:
         "e2e_p99": p99(e2es),
         "tokens": tokens,
         "slots": [r.id_slot for r in records],
+        "prompt_n": sum(r.timings.get("prompt_n", 0) for r in records),  # prompt tokens the server processed
         "draft_n": sum(r.timings.get("draft_n", 0) for r in records),
         "draft_n_accepted": sum(r.timings.get("draft_n_accepted", 0) for r in records),
         "mismatched": mismatched,
@@ -155,27 +193,187 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on every reply (tokens)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the rates per configuration")
     parser.add_argument(
-        "--configs", default=f"none;{SPEC}", help="llama-server speculation flags per configuration, ;-separated"
+        "--configs",
+        help=f"llama-server speculation flags per configuration, ;-separated, `none` for no speculation (default "
+        f"'none;{SPEC}'; with --study 'none', beside the study's baseline and best)",
     )
-    parser.add_argument("--slots", type=int, default=4, help="llama-server -np")
-    parser.add_argument("--ctx", type=int, default=8192, help="llama-server -c (all slots together)")
+    parser.add_argument(
+        "--study",
+        help="a llama.cpp study's folder: its best.yaml's best and baseline flags join the configurations as `best` "
+        "and `baseline`, its -np/-c and scheduler settings apply, and the confirmation is written",
+    )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        help=f"llama-server -np for configurations whose flags give none (default: a --study's -np, else {SLOTS}); "
+        "one that disagrees with a --study's -np is an error",
+    )
+    parser.add_argument(
+        "--ctx",
+        type=int,
+        help=f"llama-server -c, all slots together, for configurations whose flags give none (default: a --study's "
+        f"-c, else {CTX}); one that disagrees with a --study's -c is an error",
+    )
     parser.add_argument("--server-cpu", type=int, default=1, help="CPU the server is pinned to")
-    parser.add_argument("--profile", default=PROFILE, help="serving profile to predict with")
+    parser.add_argument(
+        "--profile",
+        default=PROFILE,
+        help="serving profile to predict with (a name under traces/profiles/serving, or a file)",
+    )
     parser.add_argument("--predict-only", action="store_true", help="print the predictions; start no server")
     parser.add_argument("--out", default="results/benchmarks/llamacpp_serving_closed_loop.json", help="result (JSON)")
+    parser.add_argument(
+        "--confirm-out",
+        help="with --study: where the confirmation goes (default: beside --out, NAME_confirm.json); an existing file "
+        "is refused before the run unless --force",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing --confirm-out file")
     return parser.parse_args()
 
 
-def configurations(args: argparse.Namespace) -> dict[str, LlamaServerParams]:
-    """label -> the server's flags (slots and context included)."""
-    out = {}
-    for text in (part.strip() for part in args.configs.split(";")):
-        flags = "" if text == "none" else text
-        out[text] = from_flags(f"-np {args.slots} -c {args.ctx} {flags}", "--configs")
+@dataclasses.dataclass
+class Study:
+    """What a --study gives the benchmark: its best.yaml as read, its configurations' flags by label (`best`, and
+    `baseline` where it has one that speculates) and its serving settings (SERVING_KEYS of its scheduler)."""
+
+    best: dict[str, Any]
+    flags: dict[str, LlamaServerParams]
+    serving: dict[str, Any]
+
+
+def _study_params(entry: dict[str, Any], where: str) -> LlamaServerParams | None:
+    """A best.yaml entry's (the best's or its baseline's) configuration: its llama_server_flags, which must say what
+    its params say where it has both (-np and -c may be left to the params); None for a baseline without
+    speculation (`policy: none`)."""
+    flags, params = entry.get("llama_server_flags"), entry.get("params")
+    if flags is None and entry.get("policy") == "none":
+        return None
+    if flags is not None and not isinstance(flags, str):
+        raise StudyError(f"{where}: llama_server_flags must be llama-server's flags as one line, got {flags!r}")
+    parsed = from_flags(flags, f"{where}: llama_server_flags") if flags is not None else None
+    if isinstance(params, dict) and entry.get("policy", "llamacpp") == "llamacpp":
+        try:
+            said: LlamaServerParams = make_config("llamacpp", dict(params)).params
+        except ConfigError as err:
+            raise StudyError(f"{where}: params: {err}") from None
+        if parsed is not None:
+            # what the flags leave to llama-server (-np, -c) or cannot say (the model's trained context) is the
+            # params' where they give it: a baseline's flags may carry its speculation alone
+            unset = {"parallel": -1, "ctx_size": 0}
+            kept = {k: getattr(said, k) for k, v in unset.items() if getattr(parsed, k) == v}
+            parsed = dataclasses.replace(parsed, **kept, n_ctx_train=said.n_ctx_train)
+        if parsed is not None and parsed != said:
+            raise StudyError(
+                f"{where}: llama_server_flags is not what params say ({' '.join(said.argv())}); make them agree"
+            )
+        parsed = said
+    if parsed is None:
+        raise StudyError(f"{where}: neither llama_server_flags nor llamacpp params")
+    return parsed
+
+
+def read_study(folder: Path) -> Study:
+    """A llama.cpp study's best.yaml (the safe YAML loader; every refusal one error line naming the file)."""
+    path = folder / "best.yaml"
+    best, _ = load_yaml(path, StudyError, "study result")
+    if not isinstance(best, dict) or not isinstance(best.get("llama_server_flags"), str):
+        raise StudyError(
+            f"{path}: not a llama.cpp study's best.yaml (no llama_server_flags); a vLLM serving study confirms with "
+            "benchmarks/serving_closed_loop.py"
+        )
+    if best.get("engine", "llamacpp") != "llamacpp":
+        raise StudyError(f"{path}: engine {best['engine']!r}, not llamacpp")
+    flags: dict[str, LlamaServerParams] = {}
+    baseline = best.get("baseline")
+    if baseline is not None:
+        if not isinstance(baseline, dict):
+            raise StudyError(f"{path}: baseline must be a mapping (policy, params, llama_server_flags)")
+        params = _study_params(baseline, f"{path}: baseline")
+        if params is not None:
+            flags["baseline"] = params
+    best_params = _study_params(best, str(path))
+    assert best_params is not None  # it has llama_server_flags
+    flags["best"] = best_params
+    scheduler = best.get("scheduler") or {}
+    if not isinstance(scheduler, dict):
+        raise StudyError(f"{path}: scheduler must be a mapping of the slot scheduler's settings")
+    unknown = sorted(str(key) for key in scheduler if key not in {f.name for f in dataclasses.fields(SlotsParams)})
+    if unknown:
+        raise StudyError(
+            f"{path}: scheduler: unknown key(s) {', '.join(unknown)}; a llama.cpp study's are SlotsParams'"
+        )
+    # slots, slot context and the speculation's keys follow from the flags; the rest are the serving settings
+    serving = {key: scheduler[key] for key in SERVING_KEYS if key in scheduler}
+    try:
+        SlotsParams(**serving)
+    except (ConfigError, TypeError) as err:
+        raise StudyError(f"{path}: scheduler: {err}") from None
+    return Study(best, flags, serving)
+
+
+def _slots_and_ctx(args: argparse.Namespace, study: Study | None) -> tuple[int, int]:
+    """-np and -c for the configurations that do not set them: --slots/--ctx, else the study's best's, else 4 and
+    8192. A given --slots/--ctx that differs from a study configuration's own is an error naming both."""
+    chosen = {"slots": args.slots, "ctx": args.ctx}
+    fields = {"slots": ("parallel", -1, "-np"), "ctx": ("ctx_size", 0, "-c")}
+    taken = []
+    for name, (field, unset, flag) in fields.items():
+        for label, params in (study.flags if study else {}).items():
+            own = getattr(params, field)
+            if own == unset:
+                continue
+            if getattr(args, name) is not None and getattr(args, name) != own:
+                raise UserError(
+                    f"--{name} {getattr(args, name)} disagrees with the study's {label} flags ({flag} {own}); leave "
+                    f"--{name} out to run the study's, or give {own}"
+                )
+            if chosen[name] is None and label == "best":
+                chosen[name] = own
+                taken.append(f"--{name} {own}: the study's best flags' {flag}")
+    for line in taken:  # once nothing is refused: an error stays the only line
+        note(line)
+    return (
+        SLOTS if chosen["slots"] is None else chosen["slots"],
+        CTX if chosen["ctx"] is None else chosen["ctx"],
+    )
+
+
+def configurations(args: argparse.Namespace, study: Study | None) -> dict[str, LlamaServerParams]:
+    """label -> the server's flags (slots and context included): --configs' (the label is the flags as given), then
+    a --study's baseline and best; a configuration the same as an earlier one runs once, under the later label."""
+    slots, ctx = _slots_and_ctx(args, study)
+    text = args.configs if args.configs is not None else ("none" if study else f"none;{SPEC}")
+    given = {part.strip(): part.strip() for part in text.split(";") if part.strip()}
+    given.update({label: shlex.join(params.argv()) for label, params in (study.flags if study else {}).items()})
+    out: dict[str, LlamaServerParams] = {}
+    for label, flags in given.items():
+        params = from_flags(f"-np {slots} -c {ctx} {'' if flags == 'none' else flags}", "--configs")
+        for earlier in [k for k, v in out.items() if v == params]:
+            note(f"{label}: the same flags as {earlier}, run once as {label}")
+            del out[earlier]
+        out[label] = params
     return out
 
 
-def predict(configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Arrival]], profile: Any, cap: int) -> Any:
+def server_flags(serving: dict[str, Any]) -> list[str]:
+    """llama-server's flags for a study's serving settings that differ from its defaults."""
+    default = SlotsParams()
+    flags: list[str] = []
+    for key, flag in SERVER_FLAGS.items():
+        if key in serving and serving[key] != getattr(default, key):
+            flags += [flag, str(serving[key])]
+    if serving.get("cont_batching", default.cont_batching) is False:
+        flags.append("--no-cont-batching")
+    return flags
+
+
+def predict(
+    configs: dict[str, LlamaServerParams],
+    arrivals: dict[float, list[Arrival]],
+    profile: Any,
+    cap: int,
+    client: dict[str, Any],
+) -> Any:
     predicted: dict[str, dict[str, Any]] = {}
     for label, params in configs.items():
         for rate, chosen in arrivals.items():
@@ -185,7 +383,7 @@ def predict(configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Ar
                 label=label,
                 costs=ProfileCosts(profile),
                 profile_meta={"name": profile.name, "sha256": profile.sha256},
-                slots=slots_params(params, CLIENT),
+                slots=slots_params(params, client),
                 slo=Slo(),
                 load={"rate": rate},
                 driver="recurrence",
@@ -196,33 +394,50 @@ def predict(configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Ar
 
 
 def measure(
-    args: argparse.Namespace, configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Arrival]]
+    args: argparse.Namespace,
+    configs: dict[str, LlamaServerParams],
+    arrivals: dict[float, list[Arrival]],
+    client: dict[str, Any],
 ) -> Any:
     from sim.hardware.llamacpp.server import LlamaServer, server_binary
 
     measured: dict[str, list[dict[str, Any]]] = {}
     servers: dict[str, Any] = {}
     for label, params in configs.items():
-        # -np and -c go as LlamaServer's own arguments; the rest are the configuration's flags
-        flags = [*SLOT_FLAGS, *dataclasses.replace(params, parallel=-1, ctx_size=0).argv()]
-        note(f"{label}: starting llama-server")
-        with LlamaServer(
-            server_binary(), args.gguf, flags, slots=args.slots, ctx=args.ctx, cpu=args.server_cpu
-        ) as server:
-            servers[label] = server.header()
-            for repeat in range(args.repeats):
-                for rate, chosen in arrivals.items():
-                    note(f"  {label} @ {rate} req/s, pass {repeat + 1}/{args.repeats}")
+        # -np and -c go as LlamaServer's own arguments (each configuration's: predicted with them); the rest are the
+        # configuration's flags and the serving settings
+        flags = [*SLOT_FLAGS, *server_flags(client), *dataclasses.replace(params, parallel=-1, ctx_size=0).argv()]
+        for repeat in range(args.repeats):
+            for rate, chosen in arrivals.items():
+                # a fresh server for every run: one that served the requests before would hold their prompts in its
+                # slots and their replies in ngram-mod's and ngram-cache's tables, and the model starts each run
+                # with neither
+                note(f"  {label} @ {rate} req/s, pass {repeat + 1}/{args.repeats}: starting llama-server")
+                with LlamaServer(
+                    server_binary(), args.gguf, flags, slots=params.parallel, ctx=params.ctx_size, cpu=args.server_cpu
+                ) as server:
+                    servers.setdefault(label, server.header())
                     before, started = loadavg(), time.perf_counter()
                     load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
-                    records = run_load(server, load)
-                    metrics = measured_metrics(records, chosen, args.max_tokens)
-                    metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
-                    measured.setdefault(f"{label}@{rate}", []).append(metrics)
+                    records = run_load(server, load, cache_prompt=bool(client["cache_prompt"]))
+                metrics = measured_metrics(records, chosen, args.max_tokens)
+                metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
+                measured.setdefault(f"{label}@{rate}", []).append(metrics)
     return measured, servers
 
 
-def compare(measured: dict[str, list[dict[str, Any]]], predicted: dict[str, dict[str, Any]]) -> Any:
+def short_names(labels: Sequence[str]) -> dict[str, str]:
+    """The table's name of every configuration: none, baseline and best as they are; --configs' own flags `spec`,
+    numbered when there are several (the markdown lists each name's flags)."""
+    others = [label for label in labels if label not in ("none", *STUDY_LABELS)]
+    names = {label: label for label in labels}
+    names.update({label: "spec" if len(others) == 1 else f"spec{i}" for i, label in enumerate(others, 1)})
+    return names
+
+
+def compare(
+    measured: dict[str, list[dict[str, Any]]], predicted: dict[str, dict[str, Any]], names: dict[str, str]
+) -> Any:
     comparisons, rows = {}, []
     for key, runs in measured.items():
         med = {k: statistics.median(r[k] for r in runs) for k in KEYS}
@@ -240,8 +455,7 @@ def compare(measured: dict[str, list[dict[str, Any]]], predicted: dict[str, dict
             "parity": all(not r["mismatched"] and not r["errors"] for r in runs),
             "mismatched": [r["mismatched"] for r in runs],
         }
-        short = "none" if label == "none" else "spec"
-        cells = [short, rate]
+        cells = [names[label], rate]
         for k in KEYS:
             digits = 1 if k == "throughput" else 0
             cells += [f"{med[k]:.{digits}f}", f"{pred[k]:.{digits}f}", f"{error[k]:+.0%}"]
@@ -249,24 +463,29 @@ def compare(measured: dict[str, list[dict[str, Any]]], predicted: dict[str, dict
     return comparisons, rows
 
 
-def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]]) -> None:
+def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], names: dict[str, str]) -> None:
     headers = ["config", "req/s"]
     for k in KEYS:
         name = {"throughput": "tok/s"}.get(k, k)
         headers += [f"{name} real", "sim", "err"]
     text = table(headers, rows)
+    ranked = ranking_lines(result["rankings"])
     md = [
         f"# Serving closed loop: llama-server slots ({result['profile']['name']})",
         "",
         f"`{result['command']}`",
         "",
-        f"Configurations: {'; '.join(f'{k}: {v}' for k, v in result['configs'].items())}. Times in ms, throughput "
-        "in output tokens/s; real = median of the repeats, err = sim / real - 1.",
+        f"Configurations: {'; '.join(f'{names[k]}: {v}' for k, v in result['configs'].items())}. Times in ms, "
+        "throughput in output tokens/s; real = median of the repeats, err = sim / real - 1.",
         f"Machine load (1-minute averages) before and after each run: {result['loads']}.",
         "",
         "```",
         text,
         "```",
+        "",
+        "Rankings (a / b - 1 per pair, noise = the larger spread across repeats):",
+        "",
+        *ranked,
         "",
     ]
     for key, c in result["comparisons"].items():
@@ -280,31 +499,40 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]]) -> No
         ]
     )
     print(text)
+    print("\n".join(ranked))
 
 
 def main() -> int:
     args = parse_args()
     rates = [float(x) for x in args.rates.split(",")]
-    configs = configurations(args)
+    study = read_study(Path(args.study)) if args.study else None
+    configs = configurations(args, study)
+    client = {**CLIENT, **(study.serving if study else {})}
     profile = read_serving_profile(args.profile)
     traces = [t for t in collect_traces([args.corpus]) if len(t.prompt_tokens) <= args.max_prompt_tokens]
     arrivals = {rate: generated(traces, rate=rate, requests=args.requests, seed=i) for i, rate in enumerate(rates)}
-    predicted = predict(configs, arrivals, profile, args.max_tokens)
+    predicted = predict(configs, arrivals, profile, args.max_tokens, client)
     if args.predict_only:
+        for label, params in configs.items():
+            print(f"{label}: {shlex.join(params.argv())}")
         for key, value in predicted.items():
             print(key, {k: round(v, 1) for k, v in value.items()})
         return 0
     if not args.gguf:
-        raise SystemExit("error: --gguf MODEL.gguf is needed to start llama-server (or give --predict-only)")
+        raise UserError("--gguf MODEL.gguf is needed to start llama-server (or give --predict-only)")
+    out = Path(args.out)
+    # refused now, not after the run: a confirmation that cannot be written would make the run for nothing
+    target = confirm_target(args.confirm_out, out, args.force) if study else None
     started = time.time()
-    measured, servers = measure(args, configs, arrivals)
-    comparisons, rows = compare(measured, predicted)
+    measured, servers = measure(args, configs, arrivals, client)
+    names = short_names(list(configs))
+    comparisons, rows = compare(measured, predicted, names)
     result = {
         "command": command_line(__file__),
         "profile": {"name": profile.name, "sha256": profile.sha256, "path": args.profile},
         "corpus": {"path": args.corpus, "traces": {t.name: t.sha256 for t in traces}},
         "configs": {label: " ".join(params.argv()) for label, params in configs.items()},
-        "slots": {label: dataclasses.asdict(slots_params(p, CLIENT)) for label, p in configs.items()},
+        "slots": {label: dataclasses.asdict(slots_params(p, client)) for label, p in configs.items()},
         "requests_per_run": args.requests,
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
@@ -314,11 +542,17 @@ def main() -> int:
         "elapsed_s": round(time.time() - started, 1),
         "loads": {key: [[r["load_before"][0], r["load_after"][0]] for r in runs] for key, runs in measured.items()},
         "comparisons": comparisons,
+        "rankings": rank(comparisons, rates),
         "measured_runs": measured,
     }
-    write_report(Path(args.out), result, rows)
+    if study:
+        result["study"] = {"path": args.study, "serving": study.serving}
+    write_report(out, result, rows, names)
+    if study and target is not None:
+        extra = {"configs": result["configs"], "serving": client, "servers": servers}
+        write_confirm(target, args.force, result, study.best, out, extra)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))

@@ -42,12 +42,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _harness import command_line, loadavg, note, table  # noqa: E402
+from _harness import (  # noqa: E402
+    command_line,
+    confirm_target,
+    loadavg,
+    note,
+    rank,
+    ranking_lines,
+    table,
+    write_confirm,
+)
 
 from policies.speculation import make_speculation  # noqa: E402
 from policies.vllm import from_speculative_config  # noqa: E402
+from sim import cli  # noqa: E402
 from sim.core.errors import StudyError  # noqa: E402
-from sim.core.io import load_yaml, write_atomic, write_atomic_all  # noqa: E402
+from sim.core.io import load_yaml, write_atomic_all  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
@@ -117,6 +127,11 @@ def study_variants(study: Path) -> tuple[list[Variant], dict[str, Any], dict[str
     best, _ = load_yaml(study / "best.yaml", StudyError, "study result")
     if not isinstance(best, dict) or "policy" not in best or "params" not in best:
         raise StudyError(f"{study / 'best.yaml'}: not a serving study's best.yaml (policy, params)")
+    if "llama_server_flags" in best:
+        raise StudyError(
+            f"{study / 'best.yaml'}: a llama.cpp study's best.yaml; confirm it with "
+            "benchmarks/llamacpp_serving_closed_loop.py --study"
+        )
     variants = [Variant(name=best["policy"], values=dict(best["params"]), label="best")]
     baseline = best.get("baseline")
     if isinstance(baseline, dict) and baseline.get("policy") not in (None, "none"):
@@ -141,8 +156,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default="results/benchmarks/serving_closed_loop.json", help="result file (JSON)")
     parser.add_argument(
         "--confirm-out",
-        help="with --study: where the confirmation goes (default: beside --out, NAME_confirm.json; an existing file "
-        "is kept unless --force)",
+        help="with --study: where the confirmation goes (default: beside --out, NAME_confirm.json); an existing file "
+        "is refused before the run unless --force",
     )
     parser.add_argument("--force", action="store_true", help="replace an existing --confirm-out file")
     return parser.parse_args()
@@ -277,32 +292,6 @@ def compare(
     return comparisons, rows
 
 
-def rank(comparisons: dict[str, dict[str, Any]], rates: list[float]) -> dict[str, list[dict[str, Any]]]:
-    """Per rate, every pair of configurations: the measured and predicted mean-TPOT difference, the noise (the larger
-    spread), whether the measurement decides the order and whether the prediction agrees."""
-    rankings: dict[str, list[dict[str, Any]]] = {}
-    for rate in rates:
-        here = [c for c in comparisons.values() if c["rate"] == rate]
-        pairs = []
-        for i, a in enumerate(here):
-            for b in here[i + 1 :]:
-                m = a["measured_median"]["tpot_mean"] / b["measured_median"]["tpot_mean"] - 1
-                p = a["predicted"]["tpot_mean"] / b["predicted"]["tpot_mean"] - 1
-                noise = max(a["measured_spread"]["tpot_mean"], b["measured_spread"]["tpot_mean"])
-                pairs.append(
-                    {
-                        "pair": [a["config"], b["config"]],
-                        "measured_tpot_diff": m,
-                        "predicted_tpot_diff": p,
-                        "noise": noise,
-                        "decided": abs(m) > noise,
-                        "agree": (m > 0) == (p > 0),
-                    }
-                )
-        rankings[str(rate)] = pairs
-    return rankings
-
-
 def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], profile_name: str) -> None:
     """OUT (JSON) and OUT.md, the table and the rankings' lines on stdout."""
     rankings = result["rankings"]
@@ -312,14 +301,7 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], profi
     text = table(headers, rows)
     md = [f"# Serving closed loop: {profile_name} against vllm serve", "", f"`{result['command']}`", "", "```", text]
     md += ["```", ""]
-    for level, pairs in rankings.items():
-        for pair in pairs:
-            verdict = ("agree" if pair["agree"] else "DISAGREE") if pair["decided"] else "within noise"
-            md.append(
-                f"- {level} req/s, {pair['pair'][0]} vs {pair['pair'][1]}: measured TPOT "
-                f"{pair['measured_tpot_diff']:+.1%}, predicted {pair['predicted_tpot_diff']:+.1%}, "
-                f"noise {pair['noise']:.1%}: {verdict}"
-            )
+    md += ranking_lines(rankings)
     # the JSON and its table as one result: a stop between them leaves both as they were
     write_atomic_all(
         [
@@ -329,25 +311,6 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], profi
     )
     print(text)
     print("\n".join(md[len(md) - sum(len(p) for p in rankings.values()) :]))
-
-
-def write_confirm(args: argparse.Namespace, result: dict[str, Any], best: dict[str, Any], out: Path) -> None:
-    """A --study's confirmation: --confirm-out, or beside OUT as NAME_confirm.json (a kept file is never replaced
-    without --force)."""
-    confirm = {
-        "command": result["command"],
-        "best": best,
-        "rates": result["rates"],
-        "comparisons": result["comparisons"],
-        "rankings": result["rankings"],
-        "closed_loop": str(out),
-    }
-    target = Path(args.confirm_out) if args.confirm_out else out.with_name(out.stem + "_confirm.json")
-    if target.exists() and not args.force:
-        target = target.with_name(target.stem + f".{int(time.time())}.json")  # never over a kept result
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(target, json.dumps(confirm, indent=2, sort_keys=True) + "\n")
-    note(f"confirmation written to {target}")
 
 
 def main() -> int:
@@ -369,6 +332,9 @@ def main() -> int:
         for key, value in predicted.items():
             print(key, {k: round(v, 2) for k, v in value.items()})
         return 0
+    out = Path(args.out)
+    # refused now, not after the run: a confirmation that cannot be written would make the run for nothing
+    target = confirm_target(args.confirm_out, out, args.force) if best is not None else None
 
     started = time.time()
     measured, servers = measure(args, variants, rates, arrivals, drafter, model_dir)
@@ -396,12 +362,11 @@ def main() -> int:
         "rankings": rankings,
         "measured_runs": measured,
     }
-    out = Path(args.out)
     write_report(out, result, rows, profile.name)
-    if best is not None:
-        write_confirm(args, result, best, out)
+    if best is not None and target is not None:
+        write_confirm(target, args.force, result, best, out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main))
