@@ -55,7 +55,8 @@ class ServingEngine:
     """One engine's part of a serving study. Subclasses are registered by the serving scheduler they serve with."""
 
     name: ClassVar[str]
-    confirm_script: ClassVar[str]  # the closed-loop benchmark the confirmation plan names
+    # The closed-loop benchmark the confirmation plan names, with what it needs beside --study and --rates.
+    confirm_script: ClassVar[str]
 
     def read_policy(self, r: Reader, raw: Any) -> tuple[str, dict[str, type]]:
         """The searched policy family's name and its searchable parameters (name -> the Params class owning it)."""
@@ -251,7 +252,8 @@ class LlamacppServing(ServingEngine):
     settings every configuration shares (-np, -c, the types' sizes left unsearched): the baseline and `none` (the
     same server with --spec-type none) are served with them too, so every row comes from the same slots."""
 
-    confirm_script = "benchmarks/llamacpp_serving_closed_loop.py"
+    # MODEL.gguf: the GGUF the profile was measured with (the benchmark starts llama-server on it)
+    confirm_script = "benchmarks/llamacpp_serving_closed_loop.py --gguf MODEL.gguf"
     POLICY = "llamacpp"
 
     def read_policy(self, r: Reader, raw: Any) -> tuple[str, dict[str, type]]:

@@ -151,7 +151,8 @@ def test_a_llamacpp_serving_study_scores_trials_as_the_slots_model_does_and_best
     report = (tmp_path / "runs" / "slots" / "report.md").read_text()
     assert report.startswith("# Study `slots`: serving study of llamacpp at 2 load levels")
     assert f"    {best['llama_server']}\n" in report
-    assert "python benchmarks/llamacpp_serving_closed_loop.py --study studies/slots --rates 0.5,2" in report
+    plan = "python benchmarks/llamacpp_serving_closed_loop.py --gguf MODEL.gguf --study studies/slots --rates 0.5,2"
+    assert plan in report
     assert "| 1 | best: trial #" in report  # the held-out seed
     assert best_trial.value is not None
     assert ("**No trial beats none**" in report) == (best_trial.value < 1)
