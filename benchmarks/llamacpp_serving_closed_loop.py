@@ -48,6 +48,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import shlex
 import statistics
 import sys
@@ -221,6 +222,12 @@ def parse_args() -> argparse.Namespace:
         help="serving profile to predict with (a name under traces/profiles/serving, or a file)",
     )
     parser.add_argument("--predict-only", action="store_true", help="print the predictions; start no server")
+    parser.add_argument(
+        "--rescore",
+        metavar="RESULT.json",
+        help="compare the measurements of an earlier run (its --out) with the model and profile as they are now; "
+        "start no server. Give the earlier run's own arguments: its arrivals and flags must come out the same",
+    )
     parser.add_argument("--out", default="results/benchmarks/llamacpp_serving_closed_loop.json", help="result (JSON)")
     parser.add_argument(
         "--confirm-out",
@@ -403,12 +410,21 @@ def measure(
 
     measured: dict[str, list[dict[str, Any]]] = {}
     servers: dict[str, Any] = {}
-    for label, params in configs.items():
-        # -np and -c go as LlamaServer's own arguments (each configuration's: predicted with them); the rest are the
-        # configuration's flags and the serving settings
-        flags = [*SLOT_FLAGS, *server_flags(client), *dataclasses.replace(params, parallel=-1, ctx_size=0).argv()]
-        for repeat in range(args.repeats):
-            for rate, chosen in arrivals.items():
+    labels = list(configs)
+    for repeat in range(args.repeats):
+        for rate, chosen in arrivals.items():
+            # the configurations interleaved at every rate, their order rotating from pass to pass: a stretch of
+            # machine noise falls on all of them alike instead of on whichever ran then
+            turn = repeat % len(labels)
+            for label in labels[turn:] + labels[:turn]:
+                params = configs[label]
+                # -np and -c go as LlamaServer's own arguments (each configuration's: predicted with them); the rest
+                # are the configuration's flags and the serving settings
+                flags = [
+                    *SLOT_FLAGS,
+                    *server_flags(client),
+                    *dataclasses.replace(params, parallel=-1, ctx_size=0).argv(),
+                ]
                 # a fresh server for every run: one that served the requests before would hold their prompts in its
                 # slots and their replies in ngram-mod's and ngram-cache's tables, and the model starts each run
                 # with neither
@@ -418,12 +434,57 @@ def measure(
                 ) as server:
                     servers.setdefault(label, server.header())
                     before, started = loadavg(), time.perf_counter()
+                    cpu_before = cpu_busy_s(args.server_cpu), process_cpu_s(server.pid())
                     load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
                     records = run_load(server, load, cache_prompt=bool(client["cache_prompt"]))
+                    cpu_after = cpu_busy_s(args.server_cpu), process_cpu_s(server.pid())
                 metrics = measured_metrics(records, chosen, args.max_tokens)
                 metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
+                # what else ran on the server's CPU meanwhile: its busy time less the server's own
+                metrics["server_cpu_s"] = cpu_after[1] - cpu_before[1]
+                metrics["others_on_server_cpu_s"] = (cpu_after[0] - cpu_before[0]) - metrics["server_cpu_s"]
                 measured.setdefault(f"{label}@{rate}", []).append(metrics)
     return measured, servers
+
+
+def cpu_busy_s(cpu: int) -> float:
+    """Seconds CPU `cpu` has spent busy since boot (/proc/stat: every field but idle and iowait)."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(f"cpu{cpu} "):
+                ticks = [int(x) for x in line.split()[1:]]
+                busy = sum(ticks) - ticks[3] - ticks[4]
+                return busy / os.sysconf("SC_CLK_TCK")
+    raise ValueError(f"no cpu{cpu} in /proc/stat")
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """Seconds of CPU process `pid` has used, all its threads (user and system; /proc/PID/stat fields 14 and 15)."""
+    if pid is None:
+        return math.nan
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def earlier_run(path: Path, configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Arrival]]) -> Any:
+    """An earlier run's result, refused unless its arrivals and configurations are the ones these arguments make."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        made = {str(r): [[a.time_s, a.trace.name] for a in chosen] for r, chosen in arrivals.items()}
+        flags = {label: " ".join(params.argv()) for label, params in configs.items()}
+        if earlier["arrivals"] != made:
+            raise UserError(
+                f"--rescore {path}: its arrivals are not these arguments' (give its own --rates, --requests, "
+                "--corpus and --max-prompt-tokens)"
+            )
+        if earlier["configs"] != flags:
+            raise UserError(
+                f"--rescore {path}: its configurations {earlier['configs']} are not these arguments' {flags}"
+            )
+        return earlier
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"--rescore {path}: not a result of this benchmark ({err})") from None
 
 
 def short_names(labels: Sequence[str]) -> dict[str, str]:
@@ -454,6 +515,8 @@ def compare(
             "error": error,
             "parity": all(not r["mismatched"] and not r["errors"] for r in runs),
             "mismatched": [r["mismatched"] for r in runs],
+            # per run: seconds other processes ran on the server's CPU (machine noise, not the model)
+            "others_on_server_cpu_s": [r.get("others_on_server_cpu_s") for r in runs],
         }
         cells = [names[label], rate]
         for k in KEYS:
@@ -518,13 +581,17 @@ def main() -> int:
         for key, value in predicted.items():
             print(key, {k: round(v, 1) for k, v in value.items()})
         return 0
-    if not args.gguf:
+    if not args.gguf and not args.rescore:
         raise UserError("--gguf MODEL.gguf is needed to start llama-server (or give --predict-only)")
     out = Path(args.out)
     # refused now, not after the run: a confirmation that cannot be written would make the run for nothing
     target = confirm_target(args.confirm_out, out, args.force) if study else None
     started = time.time()
-    measured, servers = measure(args, configs, arrivals, client)
+    if args.rescore:
+        earlier = earlier_run(Path(args.rescore), configs, arrivals)
+        measured, servers = earlier["measured_runs"], earlier["servers"]
+    else:
+        measured, servers = measure(args, configs, arrivals, client)
     names = short_names(list(configs))
     comparisons, rows = compare(measured, predicted, names)
     result = {
@@ -547,6 +614,10 @@ def main() -> int:
     }
     if study:
         result["study"] = {"path": args.study, "serving": study.serving}
+    if args.rescore:
+        # the measurements, and when and how long they ran, are the earlier run's: only the predictions are new
+        result.update(elapsed_s=earlier["elapsed_s"], loads=earlier["loads"], rescored={"from": args.rescore})
+        result["rescored"]["command"] = earlier["command"]
     write_report(out, result, rows, names)
     if study and target is not None:
         extra = {"configs": result["configs"], "serving": client, "servers": servers}

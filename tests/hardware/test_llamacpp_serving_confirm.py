@@ -87,3 +87,27 @@ def test_a_study_confirmation_on_the_real_server(llama_binary, llama_gguf, tmp_p
             assert pair[f"{prefix}agree"] == ((measured > 0) == (predicted > 0))
     assert "Rankings" in out.with_suffix(".md").read_text()
     assert f"confirmation written to {confirm}" in done.stderr
+    # each run says what else ran on the server's CPU meanwhile (machine noise beside the model's error)
+    for runs in result["measured_runs"].values():
+        assert all(run["server_cpu_s"] > 0 and "others_on_server_cpu_s" in run for run in runs)
+
+    # --rescore: the same measurements against the model as it is now (the same here): the same comparisons, no
+    # server started; arguments that make other arrivals are refused before anything is written
+    again = tmp_path / "again.json"
+    rescore = [a for a in args if a not in ("--confirm-out", str(confirm))] + ["--rescore", str(out)]
+    rescore[rescore.index("--out") + 1] = str(again)
+    done = subprocess.run(
+        [sys.executable, str(script), *rescore], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rescored = json.loads(again.read_text())
+    assert rescored["comparisons"] == result["comparisons"] and rescored["measured_runs"] == result["measured_runs"]
+    assert rescored["rescored"] == {"from": str(out), "command": result["command"]}
+    assert "starting llama-server" not in done.stderr
+    other = [*rescore[: rescore.index("--out") + 1], str(tmp_path / "other.json"), "--rates", "1"]
+    other += rescore[rescore.index("--out") + 2 :]
+    done = subprocess.run(
+        [sys.executable, str(script), *other], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "its arrivals are not these arguments'" in done.stderr and not (tmp_path / "other.json").exists()
