@@ -318,21 +318,24 @@ def measure_config(model_dir: str, name: str, repeats: int, log_dir: Path, pinne
     }
 
 
-def frontend_profile(base: str, terms: dict[str, float], command: str) -> str:
-    """The base profile's text with a `frontend` section: the same engine terms, a new name and source."""
+def frontend_profile(base: str, terms: dict[str, dict[str, float]], command: str) -> str:
+    """The base profile's text with a `frontend` section (each term's mean over the repeats, a negative one, which
+    only noise makes, as 0): the same engine terms, a new name, date and source, the terms' spread in the notes."""
     import dataclasses
 
     from sim.engine.serving_costs import FrontendCosts, dump_serving_profile, read_serving_profile
 
     profile = read_serving_profile(base)
     meta = dict(profile.meta)
-    meta["source"] = f"{meta.get('source', base)}; frontend: {command}"
+    meta["date"] = time.strftime("%Y-%m-%d")
+    meta["source"] = f"{meta.get('source', base)}; frontend section: measured by `{command}`"
+    spread_text = ", ".join(f"{k} {terms[k]['mean']:.4g} (sd {terms[k]['sd']:.2g})" for k in TERMS)
     meta["notes"] = (
-        f"{meta.get('notes', '')} The frontend section (vLLM's API process and the client, pinned to a core of their "
-        "own) was measured by benchmarks/vllm_frontend.py; the engine terms are those of "
-        f"{base}, unchanged."
-    ).strip()
-    frontend = FrontendCosts(**{k: round(terms[k], 4) for k in TERMS})
+        f"{base} with a frontend section: vLLM's API process and the client, timed apart from the engine core on a "
+        f"core of their own (benchmarks/vllm_frontend.py); over the repeats, ms: {spread_text}. Engine terms and "
+        f"their notes unchanged: {meta.get('notes', '')}"
+    )
+    frontend = FrontendCosts(**{k: max(0.0, round(terms[k]["mean"], 4)) for k in TERMS})
     return dump_serving_profile(
         dataclasses.replace(profile, name=f"{profile.name}-frontend", meta=meta, frontend=frontend)
     )
@@ -396,7 +399,7 @@ def main() -> int:
     out = stem(args.out)
     also = []
     if args.profile_out:
-        write_atomic(args.profile_out, frontend_profile(args.profile, {k: terms[k]["mean"] for k in TERMS}, command))
+        write_atomic(args.profile_out, frontend_profile(args.profile, terms, command))
         also.append(args.profile_out)
     write_results(out, result, text, *also)
     return 0

@@ -19,6 +19,7 @@ from sim.core.errors import ProfileError
 from sim.engine.arrivals import collect_traces, generated
 from sim.engine.serving import (
     Arrival,
+    BatchedEngine,
     Engine,
     ProfileCosts,
     SchedulerParams,
@@ -131,7 +132,7 @@ def test_a_lone_request_is_late_by_its_request_cost_and_each_chunk_by_its_own(tr
     trace = traces[0]
     front = FrontendCosts(request_ms=7.0, prompt_token_ms=0.02, chunk_ms=1.5, token_ms=0.25)
     arrival = [Arrival(0.5, trace)]
-    plain, fronted = run(arrival, None), run(arrival, front)
+    plain, fronted = run(arrival, None, driver=simulate), run(arrival, front, driver=simulate)
     late = front.request_cost(len(trace.prompt_tokens))
     (p,), (f,) = plain.requests, fronted.requests
     assert f.arrival_ms == p.arrival_ms == 500.0  # counted from the client's send
@@ -147,7 +148,7 @@ def test_a_frontend_slower_than_the_engine_queues_the_output_and_stretches_the_g
     # 24 requests at once: a decode step of the batch takes ~25 ms, sending its 24 chunks 24 * 3 ms
     arrivals = [Arrival(0.0, traces[i % len(traces)]) for i in range(24)]
     slow = FrontendCosts(request_ms=0.0, prompt_token_ms=0.0, chunk_ms=3.0, token_ms=0.0)
-    plain, fronted = run(arrivals, None), run(arrivals, slow)
+    plain, fronted = run(arrivals, None, driver=simulate), run(arrivals, slow, driver=simulate)
     steps = [s for s in plain.steps if s.sequences == 24 and s.prefill_tokens == 0]
     step_ms = sum(s.end_ms - s.start_ms for s in steps) / len(steps)
     assert step_ms < 24 * slow.chunk_ms  # the frontend is the bottleneck
@@ -203,3 +204,14 @@ def test_frontend_costs_are_priced_as_the_docs_say():
     front = FrontendCosts(request_ms=2.0, prompt_token_ms=0.5, chunk_ms=1.0, token_ms=0.25)
     assert front.request_cost(10) == 7.0 and front.chunk_cost(4) == 2.0
     assert not math.isnan(front.chunk_cost(0))
+
+
+@pytest.mark.parametrize("cap", [None, 2])
+def test_littles_law_counts_each_request_from_its_send_to_the_client_seeing_its_end(traces, cap):
+    arrivals = generated(traces, rate=6.0, requests=30, seed=4)
+    front = FrontendCosts(request_ms=30.0, prompt_token_ms=0.05, chunk_ms=4.0, token_ms=0.5)
+    for engine in (Engine, BatchedEngine):
+        result = run(arrivals, front, policy=("static", {"k": 3}), cap=cap, engine=engine)
+        latency = sum(live.finish_ms - live.arrival_ms for live in result.requests)
+        assert result.in_system_ms == pytest.approx(latency, rel=1e-9)
+        assert result.end_ms == max(live.finish_ms for live in result.requests)
