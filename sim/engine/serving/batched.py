@@ -153,6 +153,15 @@ class BatchedEngine:
         return self.free
 
     @property
+    def outputs(self) -> list[tuple[list[int], list[int]]] | None:
+        """Each step's output chunks, as `Engine.outputs` (the book keeps them)."""
+        return self.book.outputs
+
+    @outputs.setter
+    def outputs(self, value: list[tuple[list[int], list[int]]] | None) -> None:
+        self.book.outputs = value
+
+    @property
     def idle(self) -> bool:
         return not self.lives and not self.waiting
 

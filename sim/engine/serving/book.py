@@ -71,6 +71,8 @@ class Book:
         self.final: dict[int, dict[str, Any]] = {}  # rid -> its last state (batched.py's `finished`)
         self.requests = 0
         self.closed = False
+        # Each step's output chunks (requests, tokens streamed), appended while a frontend reads them (frontend.py).
+        self.outputs: list[tuple[list[int], list[int]]] | None = None
         self._emits: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def emitted(self, rids: np.ndarray, streamed: np.ndarray, end: float) -> None:
@@ -81,12 +83,16 @@ class Book:
             self.emits.add(rids, step, streamed)
         else:
             self.emits.add(rids[out], step[out], streamed[out])
+        if self.outputs is not None:
+            self.outputs.append((rids[out].tolist(), streamed[out].tolist()))
         self.step_ends.append(end)
 
     def emitted_rows(self, rows: list[tuple[int, int]], end: float) -> None:
         """`emitted` from Python (rid, tokens streamed) pairs."""
         step = len(self.step_ends)
         self.emits.add_rows([(rid, step, streamed) for rid, streamed in rows if streamed > 0])
+        if self.outputs is not None:
+            self.outputs.append(([rid for rid, n in rows if n > 0], [n for _, n in rows if n > 0]))
         self.step_ends.append(end)
 
     def _emit_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import simpy
 
 from sim.core.errors import ConfigError
+from sim.engine.serving.frontend import Frontend
 from sim.engine.serving.metrics import ServingResult
 from sim.engine.serving.pricing import StepCosts
 from sim.engine.serving.requests import Arrival, Live
@@ -22,6 +23,7 @@ class AnyEngine(Protocol):
     with its own step type, which only its own `costs` and `complete` read."""
 
     costs: StepCosts
+    outputs: list[tuple[list[int], list[int]]] | None
 
     @property
     def idle(self) -> bool: ...
@@ -78,6 +80,32 @@ class Client:
             sent_ms = max(arrival.time_s * 1000.0, heapq.heappop(self.free_ms))
             self.in_flight.append(engine.arrive(arrival, now_ms, sent_ms))
 
+    def send_to(self, frontend: Frontend, now_ms: float) -> None:
+        """`send_due` through a frontend: every request due by `now_ms` whose slot was free by then goes to the
+        frontend at its send time (a slot frees when the client sees the last token, which may lie after `now_ms`)."""
+        if self.cap is None:
+            while self.queue and self.queue[0].time_s * 1000.0 <= now_ms:
+                arrival = self.queue.popleft()
+                frontend.request(arrival, arrival.time_s * 1000.0)
+            return
+        while self.queue and self.queue[0].time_s * 1000.0 <= now_ms and self.free_ms and self.free_ms[0] <= now_ms:
+            arrival = self.queue.popleft()
+            frontend.request(arrival, max(arrival.time_s * 1000.0, heapq.heappop(self.free_ms)))
+
+    def seen_last(self, at_ms: float) -> None:
+        """Through a frontend: the client saw a request's last token at `at_ms`, which frees its slot then."""
+        if self.cap is not None:
+            heapq.heappush(self.free_ms, at_ms)
+
+    def next_send_ms(self) -> float:
+        """When the next request is sent (a frontend's idle engine): at its time, once a slot is free."""
+        if not self.queue:
+            return math.inf
+        at = self.queue[0].time_s * 1000.0
+        if self.cap is None:
+            return at
+        return max(at, self.free_ms[0]) if self.free_ms else math.inf
+
     def _reclaim(self) -> None:
         """Free the slot of every request whose last token is back (at its finish time)."""
         done = [live for live in self.in_flight if not math.isnan(live.finish_ms)]
@@ -107,9 +135,12 @@ def simulate(
     The engine keeps its clock with the float operations `recurrence` does (start + device, then + host; an idle
     engine resumes at the next arrival's time) and moves simpy's clock to it, so both drivers see the same queue at
     every step and give the same bytes; simpy's own `now + (t - now)` may differ from t in the last bit.
-    `max_concurrency` caps the requests in flight at the client (`Client`)."""
+    `max_concurrency` caps the requests in flight at the client (`Client`). With the costs' frontend priced
+    (frontend.py), requests and output pass through it."""
     engine.check(arrivals)  # what vLLM refuses, before any arrival
     client = Client(arrivals, max_concurrency)
+    if engine.costs.frontend is not None:
+        return _simulate_fronted(engine, client, Frontend(engine.costs.frontend), progress)
     ordered = list(client.queue)
     env = simpy.Environment()
     released: simpy.Store = simpy.Store(env)
@@ -157,6 +188,8 @@ def recurrence(
     """The same model as `simulate`, as a plain loop over steps."""
     engine.check(arrivals)  # what vLLM refuses, before any arrival
     client = Client(arrivals, max_concurrency)
+    if engine.costs.frontend is not None:
+        return _recurrence_fronted(engine, client, Frontend(engine.costs.frontend), progress)
     now = 0.0
     stalls = 0
     while client.pending or not engine.idle:
@@ -174,3 +207,80 @@ def recurrence(
         if progress is not None:
             progress(now)
     return engine.ended()
+
+
+# ---------------------------------------------------------------- with a frontend (frontend.py)
+
+
+def _waiting(engine: AnyEngine, client: Client, frontend: Frontend) -> bool:
+    return client.pending or frontend.busy or not engine.idle
+
+
+def _wake(frontend: Frontend, client: Client, now: float) -> float:
+    """An idle engine's next boundary: when the next request comes through the frontend, or is sent to it."""
+    at = frontend.next_ms(client)
+    if math.isinf(at):  # requests wait at the client, yet no slot will ever free: a programming error
+        raise AssertionError("the client holds requests that no slot will take")
+    return max(now, at)
+
+
+def _simulate_fronted(
+    engine: AnyEngine, client: Client, frontend: Frontend, progress: Callable[[float], None] | None
+) -> ServingResult:
+    """`simulate` with the frontend between the client and the engine: the client's sends are an arrival process
+    into the frontend, the engine process steps, and at each boundary the frontend takes the requests sent by then
+    and the step's chunks (`Frontend.boundary`); an idle engine waits for the next request through it."""
+    frontend.attach(engine)
+    env = simpy.Environment()
+
+    def server() -> Generator[simpy.Event, Any, None]:
+        now = 0.0
+        stalls = 0
+        while True:
+            frontend.boundary(engine, client, now)
+            if not _waiting(engine, client, frontend):
+                return
+            step = engine.schedule()
+            if step is None and not engine.idle:
+                stalls = _stalled(stalls)
+                continue
+            stalls = 0
+            if step is None:
+                now = _wake(frontend, client, now)
+            else:
+                device, host = engine.costs.step_parts(step)
+                now = engine.complete(step, now, device, host)
+                if progress is not None:
+                    progress(now)
+            if now > env.now:
+                yield env.timeout(now - env.now)
+
+    done = env.process(server())
+    env.run(until=done)
+    return frontend.finish(engine.ended())
+
+
+def _recurrence_fronted(
+    engine: AnyEngine, client: Client, frontend: Frontend, progress: Callable[[float], None] | None
+) -> ServingResult:
+    """`_simulate_fronted` as a plain loop."""
+    frontend.attach(engine)
+    now = 0.0
+    stalls = 0
+    while True:
+        frontend.boundary(engine, client, now)
+        if not _waiting(engine, client, frontend):
+            break
+        step = engine.schedule()
+        if step is None:
+            if engine.idle:
+                now = _wake(frontend, client, now)
+            else:
+                stalls = _stalled(stalls)
+            continue
+        stalls = 0
+        device, host = engine.costs.step_parts(step)
+        now = engine.complete(step, now, device, host)
+        if progress is not None:
+            progress(now)
+    return frontend.finish(engine.ended())

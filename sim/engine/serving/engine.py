@@ -36,6 +36,8 @@ class Engine:
         self.costs = costs
         self.params = scheduler
         self.meter = Meter(keep_steps)
+        # Each step's output chunks (requests, tokens streamed), appended while a frontend reads them (frontend.py).
+        self.outputs: list[tuple[list[int], list[int]]] | None = None
         self._by_id: dict[int, Live] = {}
         policy.bind(costs, lambda rid: self._by_id[rid].computed)
         served = engine if engine is not None else engine_named(SERVING_ENGINE)
@@ -106,6 +108,9 @@ class Engine:
                 if not live.emits:
                     live.first_ms = end
                 live.emits.append((end, streamed))
+        if self.outputs is not None:
+            chunks = [(live.rid, streamed) for live, streamed in outcome.landed if streamed]
+            self.outputs.append(([rid for rid, _ in chunks], [n for _, n in chunks]))
         for live in outcome.finished:
             live.finish_ms = end
             scheduler.finish_request(live)

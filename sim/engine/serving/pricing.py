@@ -7,12 +7,15 @@ from typing import Any, Protocol
 
 from sim.core.errors import ConfigError
 from sim.engine.serving.requests import SchedulerOutput
-from sim.engine.serving_costs import ServingProfile, StepShape
+from sim.engine.serving_costs import FrontendCosts, ServingProfile, StepShape
 
 
 class StepCosts(Protocol):
     """Prices one engine step: (device ms, host ms), added to the clock in that order, then the host's drafting
-    for the `n` requests that draft after it."""
+    for the `n` requests that draft after it. `frontend` prices the server's API process, which requests and
+    output pass through (frontend.py); None: it is free."""
+
+    frontend: FrontendCosts | None
 
     def step_parts(self, step: SchedulerOutput) -> tuple[float, float]: ...
 
@@ -26,6 +29,7 @@ class ProfileCosts:
 
     def __init__(self, profile: ServingProfile) -> None:
         self.profile = profile
+        self.frontend = profile.frontend
 
     def step_parts(self, step: SchedulerOutput) -> tuple[float, float]:
         return self.profile.step_parts(step.shape())
@@ -52,6 +56,8 @@ class ReplayCosts:
     prompt costs replay's prefill, a decode of width w at context n costs d(w, n) then the host gap g(n), the float
     operations replay's timing model does. One request at a time, the serving model then times each request
     exactly as replay times it alone."""
+
+    frontend: FrontendCosts | None = None  # replay times the engine alone
 
     def __init__(self, costs: Any) -> None:
         self.costs = costs

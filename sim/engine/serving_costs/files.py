@@ -17,7 +17,16 @@ from sim.core.io import load_yaml, parse_yaml
 from sim.core.params import KeyLines
 from sim.engine.profile_catalogues import SERVING, bundled_path, names
 from sim.engine.profile_checks import Invalid, Milliseconds, whole
-from sim.engine.serving_costs.profile import FORMAT, FORWARD_KEYS, HOST_KEYS, KEYS, META_KEYS, ServingProfile
+from sim.engine.serving_costs.profile import (
+    FORMAT,
+    FORWARD_KEYS,
+    FRONTEND_KEYS,
+    HOST_KEYS,
+    KEYS,
+    META_KEYS,
+    FrontendCosts,
+    ServingProfile,
+)
 
 
 def bundled_serving_profiles() -> list[str]:
@@ -105,6 +114,7 @@ def serving_profile_from_dict(
             raise ProfileError(f"{at.where()}: missing '{key}' ({KEYS[key]})")
     forward = _mapping(raw, "forward", FORWARD_KEYS, at)
     host = _mapping(raw, "host", HOST_KEYS, at)
+    front = _mapping(raw, "frontend", FRONTEND_KEYS, at) if "frontend" in raw else None
     for key in ("roofline", "fit"):
         if key in raw and not isinstance(raw[key], dict):
             raise ProfileError(f"{at.where(key)}: {key} must be a mapping ({KEYS[key]})")
@@ -117,6 +127,11 @@ def serving_profile_from_dict(
         if not whole(n):
             raise ProfileError(f"{at.where('forward', 'tokens', str(i))}: forward.tokens[{i}] must be a whole number")
     try:
+        frontend = (
+            FrontendCosts(**{k: _number(front[k], at, f"frontend.{k}", "frontend", k) for k in FRONTEND_KEYS})
+            if front is not None
+            else None
+        )
         return ServingProfile(
             name=raw.get("name", default_name),
             forward_tokens=tuple(tokens),
@@ -130,6 +145,7 @@ def serving_profile_from_dict(
             draft_ms=_number(host["draft_ms"], at, "host.draft_ms", "host", "draft_ms"),
             meta={k: raw[k] for k in META_KEYS if k in raw},
             sha256=sha256,
+            frontend=frontend,
         )
     except Invalid as err:
         raise ProfileError(f"{at.where(*err.key)}: {err}") from None
@@ -161,5 +177,7 @@ def dump_serving_profile(profile: ServingProfile) -> str:
         "sequence_ms": float(profile.sequence_ms),
         "draft_ms": float(profile.draft_ms),
     }
+    if profile.frontend is not None:
+        doc["frontend"] = profile.frontend.as_dict()
     doc.update({k: profile.meta[k] for k in ("roofline", "fit") if k in profile.meta})
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)

@@ -31,9 +31,12 @@ KEYS = {
     "host": "{step_ms, sequence_ms, draft_ms}: host time per step, per scheduled sequence, per sequence drafted for",
     "roofline": "optional: the inputs a roofline profile was computed from (not read by the simulator)",
     "fit": "optional: a fitted profile's residuals and sample count (not read by the simulator)",
+    "frontend": "optional: {request_ms, prompt_token_ms, chunk_ms, token_ms}: the API server's time per request "
+    "(and per prompt token) and per output chunk (and per token in it); without it the frontend is free",
 }
 FORWARD_KEYS = ("tokens", "ms")
 HOST_KEYS = ("step_ms", "sequence_ms", "draft_ms")
+FRONTEND_KEYS = ("request_ms", "prompt_token_ms", "chunk_ms", "token_ms")
 META_KEYS = ("model", "machine", "date", "source", "notes", "roofline", "fit")
 MAX_GRID = 1024  # grid points one forward table may list
 MAX_TOKENS = 1 << 24  # tokens one step may schedule: far beyond any engine's max_num_batched_tokens
@@ -85,6 +88,34 @@ def step_shape(pieces: Iterable[tuple[int, int]], drafting: int = 0) -> StepShap
     return StepShape(sequences=sequences, tokens=tokens, kv_tokens=kv, attention_pairs=pairs, drafting=drafting)
 
 
+@dataclass(frozen=True, slots=True)
+class FrontendCosts:
+    """What the server's frontend (vLLM's API server process) spends, one request or one chunk at a time
+    (docs/serving.md, "The frontend"): a request's arrival costs request_ms + prompt_token_ms per prompt token before
+    it reaches the engine's queue; each chunk of output (one request's tokens from one step) costs chunk_ms +
+    token_ms per token in it before the client sees them."""
+
+    request_ms: float
+    prompt_token_ms: float
+    chunk_ms: float
+    token_ms: float
+
+    def __post_init__(self) -> None:
+        for key in FRONTEND_KEYS:
+            value = getattr(self, key)
+            if not finite(value) or not 0.0 <= value <= MAX_MS:
+                raise Invalid(f"frontend.{key} must be between 0 and {MAX_MS:g} ms, got {value!r}", "frontend", key)
+
+    def request_cost(self, prompt_tokens: int) -> float:
+        return self.request_ms + self.prompt_token_ms * prompt_tokens
+
+    def chunk_cost(self, tokens: int) -> float:
+        return self.chunk_ms + self.token_ms * tokens
+
+    def as_dict(self) -> dict[str, float]:
+        return {key: float(getattr(self, key)) for key in FRONTEND_KEYS}
+
+
 @dataclass(frozen=True)
 class ServingProfile:
     name: str
@@ -96,6 +127,8 @@ class ServingProfile:
     sequence_ms: float
     draft_ms: float
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The API server's own costs; None: the frontend is free (a profile of the engine core alone).
+    frontend: FrontendCosts | None = None
     # Provenance, like meta: two profiles that price every step alike are equal whatever file they came from.
     sha256: str = field(default="", compare=False)
     # forward(N)'s slope on each grid segment, the last one also beyond the grid: derived once, forward() is
@@ -181,7 +214,7 @@ class ServingProfile:
             "step_ms": self.step_ms,
             "sequence_ms": self.sequence_ms,
             "draft_ms": self.draft_ms,
-        }
+        } | ({"frontend": self.frontend.as_dict()} if self.frontend is not None else {})
 
 
 # ---------------------------------------------------------------- single-request steps, priced as replay prices them
