@@ -525,3 +525,72 @@ def free_running(
     rows = interleave.rows_for(list(traces), list(arms), runs, profile, max_tokens, scripted=False)
     arms_cpu = attach_cpu(rows, metered, len(traces) * reps * len(arms))
     return FreeRun(rows, arms_cpu, load, lm.info, time.time() - started)
+
+
+# ---------------------------------------------------------------- what else ran on a server's CPU
+
+# A run is contended when other processes took more than this share of its wall time on the server's CPU: on an
+# idle machine they take well under 1% (the client and the system run on the other CPU).
+CONTENDED_SHARE = 0.02
+
+
+def contended(others_s: float | None, wall_s: float) -> bool:
+    """Whether other work took the server's CPU for a noticeable share of a run of `wall_s` seconds (a run that did
+    not record it, `others_s` None, counts as clean)."""
+    return others_s is not None and others_s > CONTENDED_SHARE * wall_s
+
+
+def cpu_busy_s(cpu: int) -> float:
+    """Seconds CPU `cpu` has spent busy since boot (/proc/stat: every field but idle and iowait)."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(f"cpu{cpu} "):
+                ticks = [int(x) for x in line.split()[1:]]
+                busy = sum(ticks) - ticks[3] - ticks[4]
+                return busy / os.sysconf("SC_CLK_TCK")
+    raise ValueError(f"no cpu{cpu} in /proc/stat")
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """Seconds of CPU process `pid` has used, all its threads (user and system; /proc/PID/stat fields 14 and 15)."""
+    if pid is None:
+        return math.nan
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuWatch:
+    """The CPU time a server process and everything else took on the server's CPU between `start` and `stop`."""
+
+    def __init__(self, cpu: int, pid: int | None) -> None:
+        self.cpu, self.pid = cpu, pid
+        self.busy = self.own = 0.0
+
+    def __enter__(self) -> CpuWatch:
+        self.busy, self.own = cpu_busy_s(self.cpu), process_cpu_s(self.pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.own = process_cpu_s(self.pid) - self.own
+        self.busy = cpu_busy_s(self.cpu) - self.busy
+
+    @property
+    def others_s(self) -> float:
+        return self.busy - self.own
+
+
+# Above every other process on a shared machine: the measured server and its client then take their CPUs from
+# whatever else runs there, as on a machine of their own (nice values below 0 need root; elsewhere nothing changes).
+MEASURED_NICE = -10
+
+
+def prioritize(pid: int | None = None) -> bool:
+    """Raise every thread of process `pid` (this process by default) to MEASURED_NICE; whether it could."""
+    task = Path(f"/proc/{pid or os.getpid()}/task")
+    try:
+        for thread in task.iterdir():
+            os.setpriority(os.PRIO_PROCESS, int(thread.name), MEASURED_NICE)
+    except (PermissionError, FileNotFoundError):
+        return False
+    return True

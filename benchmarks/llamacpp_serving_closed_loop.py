@@ -48,7 +48,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import shlex
 import statistics
 import sys
@@ -64,10 +63,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _harness import (  # noqa: E402
+    CONTENDED_SHARE,
+    CpuWatch,
     command_line,
     confirm_target,
+    contended,
     loadavg,
     note,
+    prioritize,
     rank,
     ranking_lines,
     table,
@@ -433,38 +436,18 @@ def measure(
                     server_binary(), args.gguf, flags, slots=params.parallel, ctx=params.ctx_size, cpu=args.server_cpu
                 ) as server:
                     servers.setdefault(label, server.header())
+                    # the server above other work on its CPU, the client (this process) above it on its own
+                    prioritized = prioritize(server.pid()) and prioritize()
                     before, started = loadavg(), time.perf_counter()
-                    cpu_before = cpu_busy_s(args.server_cpu), process_cpu_s(server.pid())
                     load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
-                    records = run_load(server, load, cache_prompt=bool(client["cache_prompt"]))
-                    cpu_after = cpu_busy_s(args.server_cpu), process_cpu_s(server.pid())
+                    # what else ran on the server's CPU meanwhile: its busy time less the server's own
+                    with CpuWatch(args.server_cpu, server.pid()) as watch:
+                        records = run_load(server, load, cache_prompt=bool(client["cache_prompt"]))
                 metrics = measured_metrics(records, chosen, args.max_tokens)
                 metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
-                # what else ran on the server's CPU meanwhile: its busy time less the server's own
-                metrics["server_cpu_s"] = cpu_after[1] - cpu_before[1]
-                metrics["others_on_server_cpu_s"] = (cpu_after[0] - cpu_before[0]) - metrics["server_cpu_s"]
+                metrics.update(server_cpu_s=watch.own, others_on_server_cpu_s=watch.others_s, prioritized=prioritized)
                 measured.setdefault(f"{label}@{rate}", []).append(metrics)
     return measured, servers
-
-
-def cpu_busy_s(cpu: int) -> float:
-    """Seconds CPU `cpu` has spent busy since boot (/proc/stat: every field but idle and iowait)."""
-    with open("/proc/stat", encoding="ascii") as handle:
-        for line in handle:
-            if line.startswith(f"cpu{cpu} "):
-                ticks = [int(x) for x in line.split()[1:]]
-                busy = sum(ticks) - ticks[3] - ticks[4]
-                return busy / os.sysconf("SC_CLK_TCK")
-    raise ValueError(f"no cpu{cpu} in /proc/stat")
-
-
-def process_cpu_s(pid: int | None) -> float:
-    """Seconds of CPU process `pid` has used, all its threads (user and system; /proc/PID/stat fields 14 and 15)."""
-    if pid is None:
-        return math.nan
-    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def earlier_run(path: Path, configs: dict[str, LlamaServerParams], arrivals: dict[float, list[Arrival]]) -> Any:
@@ -500,9 +483,16 @@ def compare(
     measured: dict[str, list[dict[str, Any]]], predicted: dict[str, dict[str, Any]], names: dict[str, str]
 ) -> Any:
     comparisons, rows = {}, []
-    for key, runs in measured.items():
+    for key, every in measured.items():
+        # runs that other work slowed are set aside (counted): the model prices the server, not the machine's load
+        clean = [r for r in every if not contended(r.get("others_on_server_cpu_s"), r["wall_s"])]
+        runs = clean or every
         med = {k: statistics.median(r[k] for r in runs) for k in KEYS}
-        spread = {k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / med[k] if med[k] else 0.0 for k in KEYS}
+        # one run has no spread to read the noise from: unknown, so no difference counts as decided
+        spread = {
+            k: (max(r[k] for r in runs) - min(r[k] for r in runs)) / med[k] if med[k] and len(runs) > 1 else math.nan
+            for k in KEYS
+        }
         pred = predicted[key]
         error = {k: pred[k] / med[k] - 1 if med[k] else math.nan for k in KEYS}
         label, rate = key.rsplit("@", 1)
@@ -516,9 +506,12 @@ def compare(
             "parity": all(not r["mismatched"] and not r["errors"] for r in runs),
             "mismatched": [r["mismatched"] for r in runs],
             # per run: seconds other processes ran on the server's CPU (machine noise, not the model)
-            "others_on_server_cpu_s": [r.get("others_on_server_cpu_s") for r in runs],
+            "others_on_server_cpu_s": [r.get("others_on_server_cpu_s") for r in every],
+            "runs": len(every),
+            # the runs the medians and spreads are over: those no other work slowed (every run when none was clean)
+            "clean_runs": len(clean),
         }
-        cells = [names[label], rate]
+        cells = [names[label], rate, f"{len(clean)}/{len(every)}"]
         for k in KEYS:
             digits = 1 if k == "throughput" else 0
             cells += [f"{med[k]:.{digits}f}", f"{pred[k]:.{digits}f}", f"{error[k]:+.0%}"]
@@ -527,7 +520,7 @@ def compare(
 
 
 def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], names: dict[str, str]) -> None:
-    headers = ["config", "req/s"]
+    headers = ["config", "req/s", "clean"]
     for k in KEYS:
         name = {"throughput": "tok/s"}.get(k, k)
         headers += [f"{name} real", "sim", "err"]
@@ -539,7 +532,9 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], names
         f"`{result['command']}`",
         "",
         f"Configurations: {'; '.join(f'{names[k]}: {v}' for k, v in result['configs'].items())}. Times in ms, "
-        "throughput in output tokens/s; real = median of the repeats, err = sim / real - 1.",
+        "throughput in output tokens/s; real = median of the clean repeats (those no other work slowed: other "
+        f"processes on the server's CPU under {CONTENDED_SHARE:.0%} of the run; every repeat when none was), clean = "
+        "clean repeats / repeats, err = sim / real - 1.",
         f"Machine load (1-minute averages) before and after each run: {result['loads']}.",
         "",
         "```",
