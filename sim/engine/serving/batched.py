@@ -390,20 +390,24 @@ class BatchedEngine:
         rows: list[list[int]] = []
         floats: list[list[float]] = []
         running = len(self.lives)
-        while self.waiting and budget > 0 and running < params.max_num_seqs:
-            live = self.waiting[0]
-            row, fl = self.parked[live.rid]
+        waiting, parked = self.waiting, self.parked
+        limit, block = params.max_model_len, params.block_size
+        while waiting and budget > 0 and running < params.max_num_seqs:
+            live = waiting[0]
+            row, fl = parked[live.rid]
             num_tokens = row[PLEN] + row[EMIT]
-            new = num_tokens - row[COMP]
+            computed = row[COMP]
+            new = num_tokens - computed
             if not params.chunked_prefill and new > budget:
                 break
             new = min(new, budget)
-            if self._blocks_for(num_tokens) - row[BLOCKS] > self.free:  # blocks for the whole sequence
+            # Blocks for the whole sequence (`_blocks_for`, inline: this runs once per admission).
+            if -(-min(num_tokens, limit) // block) - row[BLOCKS] > self.free:
                 break
-            self.waiting.popleft()
-            del self.parked[live.rid]
-            self._grow(row, row[COMP] + new)
-            picked.append((running, new, row[COMP], 1, int(row[COMP] + new >= num_tokens), 0))
+            waiting.popleft()
+            del parked[live.rid]
+            self._grow(row, computed + new)
+            picked.append((running, new, computed, 1, int(computed + new >= num_tokens), 0))
             rows.append(row)
             floats.append(fl)
             self.lives.append(live)

@@ -24,13 +24,15 @@ class Log:
 
     A `masked` log takes a mask with each block (`add(..., keep=mask)`: only the rows it marks count) and keeps it
     as one more row of the block, applied once to every block together when the rows are read: a mask applied per
-    step costs a numpy call per column."""
+    step costs a numpy call per column. Likewise a log with a `nonzero` column drops the rows where it is 0 when
+    read."""
 
-    def __init__(self, columns: int, masked: bool = False) -> None:
+    def __init__(self, columns: int, masked: bool = False, nonzero: int | None = None) -> None:
         self.blocks: list[np.ndarray] = []
         self.pending: list[tuple[int, ...]] = []
         self.columns = columns
         self.masked = masked
+        self.nonzero = nonzero  # a column whose rows count only where it is not 0
         self._all = np.ones(0, dtype=np.int64)  # a mask that keeps every row, for a masked log's unmasked blocks
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -66,6 +68,8 @@ class Log:
         every = np.concatenate(self.blocks, axis=1)
         if self.masked:
             every = every[: self.columns, every[self.columns] != 0]
+        if self.nonzero is not None:
+            every = every[:, every[self.nonzero] != 0]
         return every.T
 
     def frozen(self, requests: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +93,7 @@ class Book:
     def __init__(self) -> None:
         self.verifies = Log(5, masked=True)  # rid, drafts verified, accepted, landed, emitted before
         self.lookups = Log(3, masked=True)  # rid, verifies before it (its action index), drafts kept
-        self.emits = Log(3)  # rid, step number, tokens streamed
+        self.emits = Log(3, nonzero=2)  # rid, step number, tokens streamed (> 0)
         self.step_ends: list[float] = []
         # rid -> its last state (batched.py's `leave`): emitted, position, eos, unknown steps, unknown tail, answers
         self.final: dict[int, tuple[int, int, int, int, int, tuple[int, ...]]] = {}
@@ -99,12 +103,8 @@ class Book:
 
     def emitted(self, rids: np.ndarray, streamed: np.ndarray, end: float) -> None:
         """A step that ended at `end` streamed `streamed` tokens to each of `rids` (some may be 0)."""
-        out = streamed > 0
-        step = np.full(len(rids), len(self.step_ends), dtype=np.int64)
-        if np.count_nonzero(out) == len(out):  # `.all()`, at a fraction of its cost on a small array
-            self.emits.add(rids, step, streamed)
-        else:
-            self.emits.add(rids[out], step[out], streamed[out])
+        # Rows that streamed nothing are dropped when the log is read (`Log.nonzero`), not here, step by step.
+        self.emits.add(rids, np.full(len(rids), len(self.step_ends), dtype=np.int64), streamed)
         self.step_ends.append(end)
 
     def emitted_rows(self, rows: list[tuple[int, int]], end: float) -> None:
