@@ -611,10 +611,12 @@ class BatchedEngine:
             self.leave(self.lives[i], row, floats, end)
         for i in reversed(at):  # rows are in ascending order
             del self.lives[i]
-        keep = np.ones(self.state.shape[1], dtype=bool)
-        keep[rows] = False
-        # `compress` over columns: the same copy as indexing with the mask, at well under its cost per call.
-        self.state, self.floats = self.state.compress(keep, axis=1), self.floats.compress(keep, axis=1)
+        # The rows that stay, as the runs between those that leave (a few per step): copying runs of contiguous
+        # columns costs a fraction of a gather of every column by index (`compress`, a mask).
+        starts, ends = [0, *(i + 1 for i in at)], [*at, self.state.shape[1]]
+        spans = [slice(a, b) for a, b in zip(starts, ends, strict=True) if b > a]
+        self.state = np.concatenate([self.state[:, s] for s in spans], axis=1) if spans else self.state[:, :0]
+        self.floats = np.concatenate([self.floats[:, s] for s in spans], axis=1) if spans else self.floats[:, :0]
 
     def leave(self, live: Live, row: list[int], floats: list[float], end: float) -> None:
         """A finished request leaves: its blocks back, its last state onto its `Live` and into the book."""

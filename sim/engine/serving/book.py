@@ -67,9 +67,11 @@ class Log:
             return np.zeros((0, self.columns), dtype=np.int64)
         every = np.concatenate(self.blocks, axis=1)
         if self.masked:
-            every = every[: self.columns, every[self.columns] != 0]
+            every = every[: self.columns].compress(every[self.columns] != 0, axis=1)
         if self.nonzero is not None:
-            every = every[:, every[self.nonzero] != 0]
+            keep = every[self.nonzero] != 0
+            if np.count_nonzero(keep) < len(keep):  # the batched step streams to every request it samples
+                every = every.compress(keep, axis=1)
         return every.T
 
     def frozen(self, requests: int) -> tuple[np.ndarray, np.ndarray]:
