@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -30,13 +31,13 @@ from sim.engine.serving import (
     recurrence,
     simulate,
 )
-from sim.engine.serving.book import BatchedLive
+from sim.engine.serving.book import BatchedLive, Log, by_request
 from sim.engine.serving.tables import answers_of, tabulate
 from sim.engine.serving_costs import read_serving_profile
 from sim.engine.trace import Trace
 from sim.rows.config import make_config
 from sim.rows.replay import request_drafter
-from sim.rows.serving import Slo, Variant, run_serving
+from sim.rows.serving import Dist, Slo, Variant, emitted_and_itls, run_serving
 from tests.serving.test_serving import CORPUS, CPU_LIKE
 
 DRAFTER = VllmParams(method="ngram", num_speculative_tokens=1, prompt_lookup_min=1, prompt_lookup_max=4)
@@ -325,3 +326,70 @@ def test_a_batched_request_has_its_records_once_the_run_has_ended(traces):
         _ = live.request
     with pytest.raises(RuntimeError, match="once the run has ended"):
         _ = live.emits
+
+
+@pytest.mark.parametrize("max_tokens", [None, 2], ids=["traces", "two-tokens"])
+def test_a_rows_request_numbers_are_those_of_a_loop_over_its_requests(traces, max_tokens):
+    """The row's TTFT, TPOT and end-to-end latencies and its goodput, taken over arrays of the requests, are the
+    floats and counts a loop over the requests one at a time gives (`Slo.met` per request), under each kind of
+    limit: replies of two tokens have one TPOT each, and some requests miss each limit."""
+    arrivals = generated(traces, rate=60.0, requests=160, seed=5)
+    slos = [Slo(), Slo(ttft_ms=200.0, tpot_ms=30.0), Slo(ttft_ms=60.0), Slo(tpot_ms=12.0)]
+    goods = []
+    for slo in slos:
+        row, result = run_serving(
+            arrivals,
+            Variant(name="static", values={"k": 3}, label="static"),
+            costs=ProfileCosts(read_serving_profile("h100-llama-3-8b")),
+            profile_meta={"name": "h100-llama-3-8b"},
+            scheduler=SchedulerParams(kv_cache_tokens=8192, block_size=16, max_num_batched_tokens=256),
+            drafter=DRAFTER,
+            slo=slo,
+            load={"rate": 60.0},
+            max_tokens=max_tokens,
+        )
+        ttfts, tpots, e2es, good = [], [], [], 0
+        counts, _ = emitted_and_itls(result)
+        for live, emitted in zip(result.requests, counts, strict=True):
+            e2es.append(live.finish_ms - live.arrival_ms)
+            if not emitted:
+                continue
+            ttft = live.first_ms - live.arrival_ms
+            ttfts.append(ttft)
+            tpot = None
+            if emitted > 1:
+                tpot = (live.finish_ms - live.first_ms) / (emitted - 1)
+                tpots.append(tpot)
+            good += slo.met(ttft, tpot)
+        assert (row.ttft, row.tpot, row.e2e) == (Dist.of(ttfts), Dist.of(tpots), Dist.of(e2es))
+        assert row.good_requests == good
+        assert row.mean_e2e_s == float(np.mean(e2es)) / 1000.0
+        goods.append(good)
+    assert goods[0] == len(arrivals) and min(goods[1:]) < len(arrivals)
+
+
+def test_a_masked_log_keeps_the_rows_its_masks_mark_in_the_order_added():
+    log = Log(2, masked=True)
+    log.add_rows([(5, 1)])
+    log.add(*map(np.array, ([3, 4, 5], [2, 3, 4])), keep=np.array([True, False, True]))
+    log.add(*map(np.array, ([4], [5])))
+    log.add_rows([(3, 6), (4, 7)])
+    assert log.rows().tolist() == [[5, 1], [3, 2], [5, 4], [4, 5], [3, 6], [4, 7]]
+    rows, starts = log.frozen(6)
+    assert rows.tolist() == [[3, 2], [3, 6], [4, 5], [4, 7], [5, 1], [5, 4]]
+    assert starts.tolist() == [0, 0, 0, 0, 2, 4, 6]
+    dropping = Log(2, nonzero=1)
+    dropping.add(np.array([1, 2, 3]), np.array([0, 4, 0]))
+    assert dropping.rows().tolist() == [[2, 4]]
+    with pytest.raises(ValueError, match="masked log"):
+        dropping.add(np.array([1]), np.array([1]), keep=np.array([True]))
+
+
+def test_rows_sort_by_request_alike_whatever_the_number_of_requests():
+    """Up to 2^16 requests the sort runs on 16-bit ids (numpy's radix sort): the same order as on 64 bits."""
+    rng = np.random.default_rng(3)
+    rows = np.stack([rng.integers(0, 1 << 16, 5000), np.arange(5000)], axis=1)
+    small_rows, _ = by_request(rows, 1 << 16)
+    large_rows, _ = by_request(rows, (1 << 16) + 1)
+    assert small_rows.tolist() == large_rows.tolist()
+    assert small_rows.tolist() == sorted(rows.tolist(), key=lambda r: r[0])

@@ -82,17 +82,21 @@ class BatchedStep:
     prefill: np.ndarray
     completes: np.ndarray
     drafts: np.ndarray
+    _shape: StepShape | None = None  # `shape()`, once: the pricing and the step's record both read it
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def shape(self) -> StepShape:
+        if self._shape is not None:
+            return self._shape
         t, c = self.tokens, self.computed
         tokens = int(t.sum())
         # The sum over requests of t * c + t * (t + 1) / 2 (`SchedulerOutput.shape`), in exact integers: the sum of
         # t * (t + 1) is even, so halving it after summing is the same number.
         pairs = int(t @ c) + (int(t @ t) + tokens) // 2
-        return StepShape(sequences=len(t), tokens=tokens, kv_tokens=int(c.sum()), attention_pairs=pairs)
+        self._shape = StepShape(sequences=len(t), tokens=tokens, kv_tokens=int(c.sum()), attention_pairs=pairs)
+        return self._shape
 
 
 class BatchedEngine:
@@ -137,6 +141,10 @@ class BatchedEngine:
         self.preemptions = 0
         self.book = Book()
         self.tables: dict[int, tuple[Trace, TraceTable, int]] = {}  # id(trace) -> (trace, its tables, offset)
+        self.arrivals: dict[int, tuple[list[int], int | None]] = {}  # id(trace) -> `_first_arrival`'s
+        # One bound method that every request's records are made with: an object per request, kept until the run
+        # ends, would be one more for each of Python's full garbage collections to walk.
+        self._make = self._request
         self.avail_all = np.zeros(0, dtype=np.int64)
         self.match_all = np.zeros(0, dtype=np.int64)
         self.avail_list: list[int] = []  # the same, as Python integers for small.py
@@ -198,6 +206,23 @@ class BatchedEngine:
         """As `Engine.arrive`: a request at the back of the waiting queue, in the system from its arrival."""
         at_ms = arrival.time_s * 1000.0 if sent_ms is None else sent_ms
         trace = arrival.trace
+        known = self.arrivals.get(id(trace))
+        if known is None:
+            known = self.arrivals[id(trace)] = self._first_arrival(trace)
+        template = known[0]
+        rid = len(self.meter.result.requests)
+        row = template.copy()
+        row[RID] = rid
+        live = BatchedLive(rid, at_ms, trace, self.book, self._make, row[PLEN])
+        self.parked[rid] = (row, [0.0, math.nan])
+        self.waiting.append(live)
+        self.meter.arrive(live, now_ms)
+        self.book.requests = rid + 1
+        return live
+
+    def _first_arrival(self, trace: Trace) -> tuple[list[int], int | None]:
+        """What every request for `trace` starts from (its row but for the request id, and its cap), worked out
+        at its first arrival: its checks are the same every time, and they cost more than the rest of `arrive`."""
         if id(trace) not in self.tables:  # a trace seen before passed the check (`check`, or its first arrival)
             self.checks.check_request(trace)
         cap = trace.max_tokens
@@ -206,23 +231,18 @@ class BatchedEngine:
                 raise ConfigError(f"max_tokens may only shorten a trace: {trace.path} ran with max_tokens={cap}")
             cap = self.max_tokens
         table, offset = self._table(trace)
-        rid = len(self.meter.result.requests)
         prompt = table.prompt
         row = [0] * COLUMNS
-        row[RID], row[PLEN], row[TLEN] = rid, prompt, len(table.avail) - 1
+        row[PLEN], row[TLEN] = prompt, len(table.avail) - 1
         row[TOFF], row[KNOWN0] = offset, table.known_total
         # VllmRequest's cap: max_tokens, and the positions left below max_model_len.
         row[CAP] = min(cap if cap is not None else NO_CAP, self.params.max_model_len - prompt)
-        live = BatchedLive(rid, at_ms, trace, self.book, lambda live: self._request(live, cap))
-        self.parked[rid] = (row, [0.0, math.nan])
-        self.waiting.append(live)
-        self.meter.arrive(live, now_ms)
-        self.book.requests = rid + 1
-        return live
+        return row, cap
 
-    def _request(self, live: Live, cap: int | None) -> VllmRequest:
+    def _request(self, live: Live) -> VllmRequest:
         """A fresh `VllmRequest` as the reference's factory makes it (the book then fills in what it did)."""
         trace = live.trace
+        cap = self.arrivals[id(trace)][1]
         return VllmRequest(
             trace.target(), self.params.max_model_len, trace.prompt_tokens, cap, self.drafter(trace), self.max_k
         )
@@ -261,9 +281,9 @@ class BatchedEngine:
         else:
             budget -= int(picked[1].sum())
         admitted = [] if preempted else self._admit(budget)
-        if admitted:
-            add = np.asarray(admitted, dtype=np.int64).T
-            picked = tuple(np.concatenate([p, a]) for p, a in zip(picked, add, strict=True))
+        if admitted:  # one concatenation of the six columns, not one per column
+            both = np.concatenate([np.array(picked, dtype=np.int64), np.array(admitted, dtype=np.int64).T], axis=1)
+            picked = tuple(both)
         if not len(picked[0]):
             return None
         at, tokens, computed, prefill, completes, drafts = picked
@@ -294,7 +314,9 @@ class BatchedEngine:
         limit = self.params.max_model_len
         computed = state[COMP]
         num_tokens = state[PLEN] + state[EMIT]
-        asks = np.minimum(num_tokens + state[SPEC] - computed, limit - computed - 1)
+        # min(num_tokens + drafts - computed, limit - computed - 1), one subtraction of `computed` taken out.
+        asks = np.minimum(num_tokens + state[SPEC], limit - 1)
+        asks -= computed
         if int(asks.sum()) <= budget and asks.min() > 0:  # the common step: every request runs all it asks
             rows = np.arange(state.shape[1])
             cols, new = state, asks
@@ -308,7 +330,11 @@ class BatchedEngine:
             rows = np.flatnonzero(asks)
             cols, new, num_tokens = state[:, rows], asks[rows], num_tokens[rows]
         before = cols[COMP].copy()
-        need = np.maximum(-(-np.minimum(before + new, limit) // self.params.block_size) - cols[BLOCKS], 0)
+        reach = before + new  # < limit: `new` is at most limit - computed - 1, so `_blocks_for` needs no cap here
+        block = self.params.block_size
+        need = (reach + (block - 1)) // block  # blocks for `reach` tokens, rounded up
+        need -= cols[BLOCKS]
+        np.maximum(need, 0, out=need)
         needed = int(need.sum())
         if needed > self.free:
             return None
@@ -321,7 +347,7 @@ class BatchedEngine:
         else:
             state[BLOCKS, rows] += need
             state[SPEC, rows] = 0
-        return (rows, new, before, ~decode, before + new >= num_tokens, drafts)
+        return (rows, new, before, ~decode, reach >= num_tokens, drafts)
 
     def _running_loop(
         self, rows: list[list[int]], floats: list[list[float]], budget: int
@@ -373,20 +399,24 @@ class BatchedEngine:
         rows: list[list[int]] = []
         floats: list[list[float]] = []
         running = len(self.lives)
-        while self.waiting and budget > 0 and running < params.max_num_seqs:
-            live = self.waiting[0]
-            row, fl = self.parked[live.rid]
+        waiting, parked = self.waiting, self.parked
+        limit, block = params.max_model_len, params.block_size
+        while waiting and budget > 0 and running < params.max_num_seqs:
+            live = waiting[0]
+            row, fl = parked[live.rid]
             num_tokens = row[PLEN] + row[EMIT]
-            new = num_tokens - row[COMP]
+            computed = row[COMP]
+            new = num_tokens - computed
             if not params.chunked_prefill and new > budget:
                 break
             new = min(new, budget)
-            if self._blocks_for(num_tokens) - row[BLOCKS] > self.free:  # blocks for the whole sequence
+            # Blocks for the whole sequence (`_blocks_for`, inline: this runs once per admission).
+            if -(-min(num_tokens, limit) // block) - row[BLOCKS] > self.free:
                 break
-            self.waiting.popleft()
-            del self.parked[live.rid]
-            self._grow(row, row[COMP] + new)
-            picked.append((running, new, row[COMP], 1, int(row[COMP] + new >= num_tokens), 0))
+            waiting.popleft()
+            del parked[live.rid]
+            self._grow(row, computed + new)
+            picked.append((running, new, computed, 1, int(computed + new >= num_tokens), 0))
             rows.append(row)
             floats.append(fl)
             self.lives.append(live)
@@ -409,13 +439,16 @@ class BatchedEngine:
         meter = self.meter
         self._waiting, self._running_before = len(self.waiting), len(self.lives)
         whole = len(step) == self.state.shape[1]  # the step runs every request: its rows are 0..n-1, in order
-        if whole:
-            self.state[COMP] += step.tokens
-        else:
-            self.state[COMP, step.rows] += step.tokens
-        prefill_tokens = int(step.tokens[step.prefill].sum()) if step.prefill.any() else 0
         completes = step.completes
-        every = completes.all()
+        every = np.count_nonzero(completes) == len(completes)
+        # The step's tokens are computed; where every request samples, the verify sets each computed count anew
+        # (from the tokens kept) without reading it, so the addition would be undone unread.
+        if not every:
+            if whole:
+                self.state[COMP] += step.tokens
+            else:
+                self.state[COMP, step.rows] += step.tokens
+        prefill_tokens = int(step.tokens[step.prefill].sum()) if np.count_nonzero(step.prefill) else 0
         sampling = step.rows if every else step.rows[completes]
         drafts = step.drafts if every else step.drafts[completes]
         prefill = step.prefill if every else step.prefill[completes]
@@ -442,10 +475,13 @@ class BatchedEngine:
             busy[step.rows] = busy[step.rows] + host_ms
             if drafting:
                 busy[step.rows] = busy[step.rows] + draft_ms
-        self.floats[FIRST, firsts] = end  # a request's first token is its first prefill's
-        self.book.emitted(self.state[RID] if whole and every else self.state[RID, sampling], streamed, end)
-        self._finish(sampling[done], end)
-        self.measure(start_ms, end, len(step), int(step.tokens.sum()), prefill_tokens, int(drafts.sum()))
+        if len(firsts):
+            self.floats[FIRST, firsts] = end  # a request's first token is its first prefill's
+        rids = self.state[RID]
+        self.book.emitted(rids if whole and every else rids[sampling], streamed, end)
+        if np.count_nonzero(done):
+            self._finish(sampling[done], end)
+        self.measure(start_ms, end, len(step), step.shape().tokens, prefill_tokens, int(drafts.sum()))
         return end
 
     def measure(self, start_ms: float, end: float, sequences: int, tokens: int, prefill: int, drafts: int) -> None:
@@ -472,7 +508,11 @@ class BatchedEngine:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Steps 3-5 of `VllmRequest.verify` (and `prefill`) for every request that samples a token this step, from
         the tables, then step 5 (`_draft`) for those that go on; returns (tokens streamed, done, the rows that made
-        their first token)."""
+        their first token).
+
+        Every formula is in absolute positions (counts of the trace's tokens), each array operation over the batch
+        once: a step costs about a microsecond per numpy call whatever the batch, so the calls are what count.
+        `np.count_nonzero` stands for `.any()` (a fraction of its cost on a small array)."""
         state = self.state
         whole = len(rows) == state.shape[1]
         sub = state if whole else state[:, rows]  # a copy of the rows (written back below), or the state itself
@@ -480,45 +520,51 @@ class BatchedEngine:
         cap = sub[CAP]
         known = sub[KNOWN0] - emitted  # answers the trace has left (>= 1 while a request runs)
         match = self.match_all[sub[TOFF] + emitted]
+        both = np.minimum(drafts, match)  # drafts the index got right
         near = known <= drafts  # drafts reach past what the trace answers (only near a reply's end)
         tail = None
-        if near.any():
-            checked = np.minimum(drafts, known - 1)  # the drafts the trace can answer after
-            kept = np.minimum(checked, match)  # accepted before the one-more rule; it keeps kept + 1 answers
-            accepted = np.minimum(np.minimum(drafts, match), known)  # ... and with it (the next draft equals)
-            tail = near & (match > checked)
+        if np.count_nonzero(near):
+            # The drafts the trace can answer after are min(drafts, known - 1); it keeps kept + 1 answers, and
+            # accepts with the one-more rule (the next draft equals) up to `known`.
+            before_last = known - 1
+            kept = np.minimum(both, before_last)
+            accepted = np.minimum(both, known)
+            tail = near & (match > before_last)
         else:  # every draft is answered: accepted = kept = min(drafts, match)
-            kept = accepted = np.minimum(drafts, match)
-        ahead = kept + 1  # the answers it keeps
-        left = sub[TLEN] - emitted  # answers before the trace's EOS
-        room = cap - emitted
-        short = left < ahead  # the EOS is among the kept answers
+            kept = accepted = both
+        position = emitted + kept  # the target's position after the verify is this + 1
+        position += 1
+        tlen = sub[TLEN]
+        # The kept answers land up to the cap; where the trace's EOS is among them (its tokens end before
+        # `position`), up to its last token, and the EOS itself is streamed unless the cap came first.
+        after = np.minimum(position, cap)
+        short = tlen < position
         eos = None
-        if short.any():
-            reach = np.minimum(ahead, left)
-            landed = np.minimum(reach, room)
-            eos = short & (reach < room)  # ... and the cap did not come first
-        else:
-            landed = np.minimum(ahead, room)
-        after = emitted + landed
+        if np.count_nonzero(short):
+            np.minimum(after, tlen, out=after)  # unchanged where not short: there tlen >= position
+            eos = short & (tlen < cap)
+        landed = after - emitted
         done = after >= cap
         if eos is not None:
             done |= eos
         # A first prefill samples the trace's first token (never an EOS; the cap is >= 1): the formulas give it
         # with no drafts (landed 1, position 1), but it is not a verify in vLLM's counters nor in the action log.
-        firsts = prefill & (sub[STARTED] == 0) if prefill.any() else None
+        firsts = prefill & (sub[STARTED] == 0) if np.count_nonzero(prefill) else None
         if firsts is None:
             sub[NVER] += 1
         else:
-            sub[NVER] += ~firsts
+            verifies = ~firsts
+            sub[NVER] += verifies
             sub[STARTED] = 1
         sub[EMIT] = after
-        sub[COMP] = sub[PLEN] + after - 1  # the rejected drafts' KV is dropped
-        if done.any():  # what only a finished request's records read (EOS stays 0 unless set here)
-            sub[POS, done] = emitted[done] + kept[done] + 1
-            if eos is not None:
-                sub[EOS, done] = eos[done]
-        if tail is not None and tail.any():
+        np.add(sub[PLEN], after, out=sub[COMP])  # the rejected drafts' KV is dropped: computed = num_tokens - 1
+        sub[COMP] -= 1
+        # What only a finished request's records read: set on every row (a row that goes on sets them again at
+        # its last verify), the EOS flag only where it stopped there (else it stays 0).
+        sub[POS] = position
+        if eos is not None:
+            sub[EOS] = eos
+        if tail is not None and np.count_nonzero(tail):
             sub[UNK] += tail & (accepted < drafts)
             sub[UTAIL] |= tail
         if self.max_k:
@@ -528,8 +574,7 @@ class BatchedEngine:
         if firsts is None:
             self.book.verifies.add(sub[RID], drafts, accepted, landed, emitted)
         else:
-            verifies = ~firsts
-            self.book.verifies.add(sub[RID, verifies], *(a[verifies] for a in (drafts, accepted, landed, emitted)))
+            self.book.verifies.add(sub[RID], drafts, accepted, landed, emitted, keep=verifies)
         self._drafting = self._draft(sub, after, done, batch) if self.max_k else 0
         if not whole:
             state[:, rows] = sub
@@ -540,22 +585,27 @@ class BatchedEngine:
         """Step 5 for the requests of `sub` that go on (not `done`: a finished request keeps its last K and
         proposal length): the policy's K for a step of `batch` requests, and each one's proposal length under it
         (at most K, what the index finds, and the room below max_model_len); returns how many draft (K > 0)."""
-        room = self.params.max_model_len - (sub[PLEN] + emitted) - 1
-        found = self.avail_all[sub[TOFF] + emitted]
-        available = np.maximum(np.minimum(found, np.minimum(room, self.max_k)), 0)  # none without room
+        # The room below max_model_len, max_model_len - num_tokens - 1, from the computed count the verify just
+        # set (num_tokens - 1); >= 0 for every request that goes on (its cap keeps num_tokens below the limit).
+        room = (self.params.max_model_len - 2) - sub[COMP]
+        # What the index finds is at most max_k already (the tables are built for it): min(found, room, max_k).
+        available = np.minimum(self.avail_all[sub[TOFF] + emitted], room)
         k = self.k_at(batch)
         ks = np.minimum(room, k)
         spec = np.minimum(available, k)
-        going = ~done
-        if done.any():
-            sub[AVAIL, going], sub[K, going], sub[SPEC, going] = available[going], ks[going], spec[going]
-            self.book.lookups.add(sub[RID, going], sub[NVER, going], spec[going])
-            drafting = int(np.count_nonzero(ks[going] > 0))
+        finished = int(np.count_nonzero(done))  # numpy's integer: made a Python one where it is counted
+        if finished:
+            going = ~done
+            np.copyto(sub[AVAIL], available, where=going)
+            np.copyto(sub[K], ks, where=going)
+            np.copyto(sub[SPEC], spec, where=going)
+            self.book.lookups.add(sub[RID], sub[NVER], spec, keep=going)
+            drafting = int(np.count_nonzero((ks > 0) & going)) if k else 0
         else:
             sub[AVAIL], sub[K], sub[SPEC] = available, ks, spec
             self.book.lookups.add(sub[RID], sub[NVER], spec)
-            drafting = int(np.count_nonzero(ks > 0))
-        handed = int(np.count_nonzero(going))
+            drafting = int(np.count_nonzero(ks > 0)) if k else 0
+        handed = len(done) - finished
         if handed:  # the K handed out to each request that drafts for the next step (`Meter.handed_out`)
             counts = self.meter.result.k_counts
             counts[k] = counts.get(k, 0) + handed
@@ -570,9 +620,12 @@ class BatchedEngine:
             self.leave(self.lives[i], row, floats, end)
         for i in reversed(at):  # rows are in ascending order
             del self.lives[i]
-        keep = np.ones(self.state.shape[1], dtype=bool)
-        keep[rows] = False
-        self.state, self.floats = self.state[:, keep], self.floats[:, keep]
+        # The rows that stay, as the runs between those that leave (a few per step): copying runs of contiguous
+        # columns costs a fraction of a gather of every column by index (`compress`, a mask).
+        starts, ends = [0, *(i + 1 for i in at)], [*at, self.state.shape[1]]
+        spans = [slice(a, b) for a, b in zip(starts, ends, strict=True) if b > a]
+        self.state = np.concatenate([self.state[:, s] for s in spans], axis=1) if spans else self.state[:, :0]
+        self.floats = np.concatenate([self.floats[:, s] for s in spans], axis=1) if spans else self.floats[:, :0]
 
     def leave(self, live: Live, row: list[int], floats: list[float], end: float) -> None:
         """A finished request leaves: its blocks back, its last state onto its `Live` and into the book."""
@@ -581,14 +634,16 @@ class BatchedEngine:
         live.started, live.drafted, live.accepted = True, row[DRAFTED], row[ACCEPTED]
         live.busy_ms, live.first_ms = floats[BUSY], floats[FIRST]
         self.free += row[BLOCKS]
-        self.book.final[live.rid] = {
-            "emitted": row[EMIT],
-            "position": row[POS],
-            "eos": row[EOS],
-            "unknown_steps": row[UNK],
-            "unknown_tail": row[UTAIL],
-            "answers": self.tables[id(live.trace)][1].answers,
-        }
+        # emitted, position, EOS, unknown steps and tail, the answers (a tuple of integers: no object Python's
+        # garbage collector keeps walking, as a dict per request would be)
+        self.book.final[live.rid] = (
+            row[EMIT],
+            row[POS],
+            row[EOS],
+            row[UNK],
+            row[UTAIL],
+            self.tables[id(live.trace)][1].answers,
+        )
         self.policy.finish(live.rid)
         self.meter.leave()
 

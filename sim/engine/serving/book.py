@@ -20,24 +20,43 @@ _EMITS = Live.__dict__["emits"]
 class Log:
     """Rows of int64 columns, appended a block of arrays at a time (`add`) or as Python tuples (`add_rows`, kept
     as they come and turned into one block when needed); `frozen()` is every row, stably sorted by column 0 (the
-    request), so each request's rows keep their step order."""
+    request), so each request's rows keep their step order.
 
-    def __init__(self, columns: int) -> None:
+    A `masked` log takes a mask with each block (`add(..., keep=mask)`: only the rows it marks count) and keeps it
+    as one more row of the block, applied once to every block together when the rows are read: a mask applied per
+    step costs a numpy call per column. Likewise a log with a `nonzero` column drops the rows where it is 0 when
+    read."""
+
+    def __init__(self, columns: int, masked: bool = False, nonzero: int | None = None) -> None:
         self.blocks: list[np.ndarray] = []
         self.pending: list[tuple[int, ...]] = []
         self.columns = columns
+        self.masked = masked
+        self.nonzero = nonzero  # a column whose rows count only where it is not 0
+        self._all = np.ones(0, dtype=np.int64)  # a mask that keeps every row, for a masked log's unmasked blocks
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
-    def add(self, *columns: np.ndarray) -> None:
+    def add(self, *columns: np.ndarray, keep: np.ndarray | None = None) -> None:
         if self.pending:
             self._flush()
+        if self.masked:
+            if keep is None:
+                if len(self._all) < len(columns[0]):
+                    self._all = np.ones(2 * len(columns[0]), dtype=np.int64)
+                keep = self._all[: len(columns[0])]
+            columns = (*columns, keep)
+        elif keep is not None:
+            raise ValueError("a mask needs a masked log")
         self.blocks.append(np.array(columns, dtype=np.int64))  # a copy: the state's columns change after
 
     def add_rows(self, rows: list[tuple[int, ...]]) -> None:
         self.pending += rows
 
     def _flush(self) -> None:
-        self.blocks.append(np.array(self.pending, dtype=np.int64).reshape(-1, self.columns).T)
+        block = np.array(self.pending, dtype=np.int64).reshape(-1, self.columns).T
+        if self.masked:  # every row given as a tuple counts
+            block = np.concatenate([block, np.ones((1, block.shape[1]), dtype=np.int64)])
+        self.blocks.append(block)
         self.pending = []
 
     def rows(self) -> np.ndarray:
@@ -46,7 +65,14 @@ class Log:
             self._flush()
         if not self.blocks:
             return np.zeros((0, self.columns), dtype=np.int64)
-        return np.concatenate(self.blocks, axis=1).T
+        every = np.concatenate(self.blocks, axis=1)
+        if self.masked:
+            every = every[: self.columns].compress(every[self.columns] != 0, axis=1)
+        if self.nonzero is not None:
+            keep = every[self.nonzero] != 0
+            if np.count_nonzero(keep) < len(keep):  # the batched step streams to every request it samples
+                every = every.compress(keep, axis=1)
+        return every.T
 
     def frozen(self, requests: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows sorted by request, start of each request's rows: request r owns rows starts[r]:starts[r + 1])."""
@@ -56,7 +82,10 @@ class Log:
 
 
 def by_request(rows: np.ndarray, requests: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = rows[np.argsort(rows[:, 0], kind="stable")]
+    key = rows[:, 0]
+    if requests <= 1 << 16:  # request ids fit 16 bits: numpy's stable sort is then a radix sort, the same order
+        key = key.astype(np.uint16)
+    rows = rows[np.argsort(key, kind="stable")]
     return rows, np.searchsorted(rows[:, 0], np.arange(requests + 1))
 
 
@@ -64,11 +93,12 @@ class Book:
     """Every step's verifies, lookups and emits (batched.py writes them), and each finished request's last state."""
 
     def __init__(self) -> None:
-        self.verifies = Log(5)  # rid, drafts verified, accepted, landed, emitted before
-        self.lookups = Log(3)  # rid, verifies before it (its action index), drafts kept
-        self.emits = Log(3)  # rid, step number, tokens streamed
+        self.verifies = Log(5, masked=True)  # rid, drafts verified, accepted, landed, emitted before
+        self.lookups = Log(3, masked=True)  # rid, verifies before it (its action index), drafts kept
+        self.emits = Log(3, nonzero=2)  # rid, step number, tokens streamed (> 0)
         self.step_ends: list[float] = []
-        self.final: dict[int, dict[str, Any]] = {}  # rid -> its last state (batched.py's `finished`)
+        # rid -> its last state (batched.py's `leave`): emitted, position, eos, unknown steps, unknown tail, answers
+        self.final: dict[int, tuple[int, int, int, int, int, tuple[int, ...]]] = {}
         self.requests = 0
         self.closed = False
         # Each step's output chunks (requests, tokens streamed), appended while a frontend reads them (frontend.py).
@@ -77,13 +107,10 @@ class Book:
 
     def emitted(self, rids: np.ndarray, streamed: np.ndarray, end: float) -> None:
         """A step that ended at `end` streamed `streamed` tokens to each of `rids` (some may be 0)."""
-        out = streamed > 0
-        step = np.full(len(rids), len(self.step_ends), dtype=np.int64)
-        if out.all():
-            self.emits.add(rids, step, streamed)
-        else:
-            self.emits.add(rids[out], step[out], streamed[out])
+        # Rows that streamed nothing are dropped when the log is read (`Log.nonzero`), not here, step by step.
+        self.emits.add(rids, np.full(len(rids), len(self.step_ends), dtype=np.int64), streamed)
         if self.outputs is not None:
+            out = streamed > 0
             self.outputs.append((rids[out].tolist(), streamed[out].tolist()))
         self.step_ends.append(end)
 
@@ -115,7 +142,7 @@ class Book:
 
     def request_of(self, live: Live, make: Callable[[Live], VllmRequest]) -> VllmRequest:
         """`live`'s `VllmRequest` as the reference form leaves it when the request has finished."""
-        state = self.final[live.rid]
+        emitted, position, eos, unknown_steps, unknown_tail, answers = self.final[live.rid]
         request = make(live)
         rows, starts = self.verifies.frozen(self.requests)
         mine = rows[starts[live.rid] : starts[live.rid + 1]]
@@ -132,17 +159,16 @@ class Book:
         counters.per_step_drafted = drafts[drafted].tolist()
         counters.per_step_accepted = accepted[drafted].tolist()
         counters.num_accepted_tokens_per_pos = [int((accepted > p).sum()) for p in range(counters.num_spec_tokens)]
-        counters.unknown_steps = state["unknown_steps"]
-        counters.unknown_tail = bool(state["unknown_tail"])
-        counters.sampled = list(state["answers"][: state["position"]])
+        counters.unknown_steps = unknown_steps
+        counters.unknown_tail = bool(unknown_tail)
+        counters.sampled = list(answers[:position])
         looked, lstarts = self.lookups.frozen(self.requests)
         own = looked[lstarts[live.rid] : lstarts[live.rid + 1]]
         out.lookups = list(zip(own[:, 1].tolist(), own[:, 2].tolist(), strict=True))
-        emitted = state["emitted"]
         request.context.extend(live.trace.tokens[:emitted])
         request.emitted = emitted
-        request.eos = bool(state["eos"])
-        request.target.position = state["position"]  # type: ignore[attr-defined]
+        request.eos = bool(eos)
+        request.target.position = position  # type: ignore[attr-defined]
         request._finish()
         return request
 
@@ -153,8 +179,10 @@ class BatchedLive(Live):
 
     __slots__ = ("book", "make")
 
-    def __init__(self, rid: int, arrival_ms: float, trace: Any, book: Book, make: Callable[[Live], Any]) -> None:
-        super().__init__(rid, arrival_ms, trace, None)
+    def __init__(
+        self, rid: int, arrival_ms: float, trace: Any, book: Book, make: Callable[[Live], Any], prompt_length: int
+    ) -> None:
+        super().__init__(rid, arrival_ms, trace, None, prompt_length)
         self.book = book
         self.make = make
         _EMITS.__set__(self, None)

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from sim.engine.serving.requests import Live
 
 
@@ -115,9 +117,11 @@ def backlog(requests: list[Live]) -> Backlog:
     """The second half of the arrival window's arrivals and completions (a saturated run finishes fewer)."""
     if not requests:
         return Backlog(0, 0)
-    first = min(live.arrival_ms for live in requests)
-    last = max(live.arrival_ms for live in requests)
+    # One pass over the requests for each field, the counting in numpy (thousands of requests per run).
+    arrivals = np.array([live.arrival_ms for live in requests], dtype=np.float64)
+    finishes = np.array([live.finish_ms for live in requests], dtype=np.float64)
+    first, last = float(arrivals.min()), float(arrivals.max())
     half = (first + last) / 2
-    arrived = sum(1 for live in requests if live.arrival_ms > half)
-    finished = sum(1 for live in requests if half < live.finish_ms <= last)
+    arrived = int(np.count_nonzero(arrivals > half))
+    finished = int(np.count_nonzero((finishes > half) & (finishes <= last)))  # NaN (not finished) counts nowhere
     return Backlog(arrived, finished)

@@ -43,14 +43,17 @@ class Live:
         "available",
     )
 
-    def __init__(self, rid: int, arrival_ms: float, trace: Trace, request: Any) -> None:
+    def __init__(
+        self, rid: int, arrival_ms: float, trace: Trace, request: Any, prompt_length: int | None = None
+    ) -> None:
         self.rid = rid
         self.arrival_ms = arrival_ms
         self.trace = trace
         # The per-request stepper the scheduler's request factory made (vLLM's: sim.engine.vllm.VllmRequest); only
         # the scheduler that made it calls it, so its type is that scheduler's business.
         self.request = request
-        self.prompt_length = len(trace.prompt_tokens)
+        # A caller that knows the prompt's length passes it: `trace.prompt_tokens` builds the prompt's tuple anew.
+        self.prompt_length = len(trace.prompt_tokens) if prompt_length is None else prompt_length
         self.computed = 0  # tokens whose KV is computed (vLLM's num_computed_tokens)
         self.spec: list[int] = []  # drafts held for the next step
         self.k = 0  # the K they were drafted under
