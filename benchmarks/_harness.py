@@ -529,15 +529,15 @@ def free_running(
 
 # ---------------------------------------------------------------- what else ran on a server's CPU
 
-# A run is contended when other processes took more than this share of its wall time on the server's CPU: on an
-# idle machine they take well under 1% (the client and the system run on the other CPU).
-CONTENDED_SHARE = 0.02
+# A run is contended when the server's threads waited, runnable, for a CPU for more than this share of its wall
+# time: on a quiet machine a llama-server pinned to one CPU waits 1% to 3% (its own threads share that CPU).
+CONTENDED_SHARE = 0.05
 
 
-def contended(others_s: float | None, wall_s: float) -> bool:
-    """Whether other work took the server's CPU for a noticeable share of a run of `wall_s` seconds (a run that did
-    not record it, `others_s` None, counts as clean)."""
-    return others_s is not None and others_s > CONTENDED_SHARE * wall_s
+def contended(waited_s: float | None, wall_s: float) -> bool:
+    """Whether the server waited for its CPU for a noticeable share of a run of `wall_s` seconds (a run that did not
+    record it, `waited_s` None, counts as clean)."""
+    return waited_s is not None and waited_s > CONTENDED_SHARE * wall_s
 
 
 def cpu_busy_s(cpu: int) -> float:
@@ -551,28 +551,38 @@ def cpu_busy_s(cpu: int) -> float:
     raise ValueError(f"no cpu{cpu} in /proc/stat")
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """Seconds of CPU process `pid` has used, all its threads (user and system; /proc/PID/stat fields 14 and 15)."""
+def process_times_s(pid: int | None) -> tuple[float, float]:
+    """(CPU seconds, seconds runnable but waiting for a CPU) of every thread of process `pid` so far
+    (/proc/PID/task/TID/schedstat: nanoseconds on the CPU, then on the run queue); NaNs without a process."""
     if pid is None:
-        return math.nan
-    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return math.nan, math.nan
+    ran = waited = 0
+    for thread in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (thread / "schedstat").read_text(encoding="ascii").split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran / 1e9, waited / 1e9
 
 
 class CpuWatch:
-    """The CPU time a server process and everything else took on the server's CPU between `start` and `stop`."""
+    """Between `__enter__` and `__exit__`: the CPU time a server process took (`own`), the time its threads waited,
+    runnable, for a CPU (`waited`: what other work, or its own threads, cost it) and what everything else took on
+    the server's CPU (`others_s`, idle periods of the server included)."""
 
     def __init__(self, cpu: int, pid: int | None) -> None:
         self.cpu, self.pid = cpu, pid
-        self.busy = self.own = 0.0
+        self.busy = self.own = self.waited = 0.0
 
     def __enter__(self) -> CpuWatch:
-        self.busy, self.own = cpu_busy_s(self.cpu), process_cpu_s(self.pid)
+        self.busy = cpu_busy_s(self.cpu)
+        self.own, self.waited = process_times_s(self.pid)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.own = process_cpu_s(self.pid) - self.own
+        own, waited = process_times_s(self.pid)
+        self.own, self.waited = own - self.own, waited - self.waited
         self.busy = cpu_busy_s(self.cpu) - self.busy
 
     @property

@@ -446,6 +446,7 @@ def measure(
                 metrics = measured_metrics(records, chosen, args.max_tokens)
                 metrics.update(load_before=before, load_after=loadavg(), wall_s=time.perf_counter() - started)
                 metrics.update(server_cpu_s=watch.own, others_on_server_cpu_s=watch.others_s, prioritized=prioritized)
+                metrics["server_waited_s"] = watch.waited
                 measured.setdefault(f"{label}@{rate}", []).append(metrics)
     return measured, servers
 
@@ -485,7 +486,7 @@ def compare(
     comparisons, rows = {}, []
     for key, every in measured.items():
         # runs that other work slowed are set aside (counted): the model prices the server, not the machine's load
-        clean = [r for r in every if not contended(r.get("others_on_server_cpu_s"), r["wall_s"])]
+        clean = [r for r in every if not contended(r.get("server_waited_s"), r["wall_s"])]
         runs = clean or every
         med = {k: statistics.median(r[k] for r in runs) for k in KEYS}
         # one run has no spread to read the noise from: unknown, so no difference counts as decided
@@ -505,8 +506,8 @@ def compare(
             "error": error,
             "parity": all(not r["mismatched"] and not r["errors"] for r in runs),
             "mismatched": [r["mismatched"] for r in runs],
-            # per run: seconds other processes ran on the server's CPU (machine noise, not the model)
-            "others_on_server_cpu_s": [r.get("others_on_server_cpu_s") for r in every],
+            # per run: seconds the server waited, runnable, for its CPU (machine noise, not the model)
+            "server_waited_s": [r.get("server_waited_s") for r in every],
             "runs": len(every),
             # the runs the medians and spreads are over: those no other work slowed (every run when none was clean)
             "clean_runs": len(clean),
@@ -532,8 +533,8 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], names
         f"`{result['command']}`",
         "",
         f"Configurations: {'; '.join(f'{names[k]}: {v}' for k, v in result['configs'].items())}. Times in ms, "
-        "throughput in output tokens/s; real = median of the clean repeats (those no other work slowed: other "
-        f"processes on the server's CPU under {CONTENDED_SHARE:.0%} of the run; every repeat when none was), clean = "
+        "throughput in output tokens/s; real = median of the clean repeats (those where the server waited for its "
+        f"CPU under {CONTENDED_SHARE:.0%} of the run; every repeat when none was), clean = "
         "clean repeats / repeats, err = sim / real - 1.",
         f"Machine load (1-minute averages) before and after each run: {result['loads']}.",
         "",

@@ -1,7 +1,7 @@
 """A serving cost profile for llama-server on this CPU, measured on the real server and fitted with the serving
 profile fit (sim/engine/serving_costs/fit.py).
 
-    DRAFTLAB_LLAMA_SERVER=/path/to/llama-server flock /work/briefs/timing.lock \\
+    DRAFTLAB_LLAMA_SERVER=/path/to/llama-server \\
         taskset -c 0 python benchmarks/llamacpp_serving_profile.py --gguf MODEL.gguf \\
         --out /tmp/cpu-llamacpp-smollm2-135m-instruct-q4_1.yaml
 
@@ -16,8 +16,11 @@ reply timings:
   - decode steps: B = 1..4 identical requests sent together (`ignore_eos`), every slot holding their prompt
     already (so each prompt step is one token), so the slots step in lockstep: `predicted_ms` over the steps after
     the first token is one step of B sequences; with the speculative flags (--spec-flags) each step carries the
-    drafts the reply's `draft_n` says (their mean).
-Every sample is (step shape, ms), fitted by non-negative least squares on relative error.
+    drafts the reply's `draft_n` says (their mean); with --idle-flags (speculation that cannot draft on these
+    samples) every slot asks for a draft each step and gets none.
+Every sample is (step shape, ms), fitted by non-negative least squares on relative error. The server and the client
+run at nice -10 where they may (as root), and a decode sample during which the server waited, runnable, for its CPU
+more than 5% of the time is taken again (up to 3 times; each sample records the wait).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _harness import command_line, loadavg, note  # noqa: E402
+from _harness import CpuWatch, command_line, contended, loadavg, note, prioritize  # noqa: E402
 from _llamacpp_load import SLOT_FLAGS  # noqa: E402
 
 from sim.core.io import write_atomic_all  # noqa: E402
@@ -49,6 +52,10 @@ PROMPT_LENGTHS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 CTX = 8192  # 2048 per slot: every sample fits
 GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 SPEC_FLAGS = "--spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 8"
+# Speculation configured that cannot draft on these samples: ngram-mod drops a draft shorter than its n-min (48), and
+# a decode sample of 40 tokens leaves no room for one. Every slot asks for a draft every step and gets none.
+IDLE_FLAGS = "--spec-default"
+RETRIES = 3  # takes of a contended decode sample before it is kept as it is (marked by its server_waited_s)
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,6 +66,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="times each sample is taken")
     parser.add_argument("--decode-tokens", type=int, default=40, help="n_predict of the decode samples")
     parser.add_argument("--spec-flags", default=SPEC_FLAGS, help="the speculative server's flags")
+    parser.add_argument(
+        "--idle-flags",
+        default=IDLE_FLAGS,
+        help="flags that configure speculation but draft nothing on the decode samples: what a step costs a slot "
+        "that asks for a draft and gets none ('' to skip)",
+    )
     parser.add_argument("--name", default="cpu-llamacpp-smollm2-135m-instruct-q4_1", help="profile name")
     parser.add_argument("--out", required=True, help="profile YAML; the samples go beside it (.samples.json)")
     return parser.parse_args()
@@ -83,12 +96,16 @@ def prompt_samples(server: LlamaServer, pool: list[int], repeats: int) -> list[d
     return out
 
 
-def decode_samples(server: LlamaServer, prompts: list[list[int]], n_predict: int, spec: bool) -> list[dict[str, Any]]:
+def decode_samples(
+    server: LlamaServer, prompts: list[list[int]], n_predict: int, spec: bool, cpu: int
+) -> list[dict[str, Any]]:
+    """Lockstep decode steps of 1..4 slots. With `spec` the server's flags configure speculation: a sample whose
+    replies drafted nothing is `decode-idle` (every slot asked for a draft each step and got none)."""
     out = []
     for prompt in prompts:
         warm(server, prompt)
         for batch in (1, 2, 3, 4):
-            replies = together(server, prompt, n_predict, batch)
+            replies, waited = clean_together(server, prompt, n_predict, batch, cpu)
             timings = [r["timings"] for r in replies]
             if len({(t["predicted_n"], t.get("draft_n", 0)) for t in timings}) != 1:
                 note(f"  decode B={batch}: slots out of step, sample dropped")
@@ -104,17 +121,35 @@ def decode_samples(server: LlamaServer, prompts: list[list[int]], n_predict: int
             if t.get("cache_n", 0) != len(prompt) - 1:
                 note(f"  decode B={batch}: a slot did not hold the prompt, sample dropped")
                 continue
+            kind = "decode" if not spec else "decode-spec" if t.get("draft_n", 0) else "decode-idle"
             out.append(
                 {
-                    "kind": "decode-spec" if spec else "decode",
+                    "kind": kind,
                     "pieces": [[context, round(width)]] * batch,
                     "drafting": batch if spec else 0,
                     "ms": ms,
                     "width": width,
                     "steps": steps,
+                    "server_waited_s": waited,
                 }
             )
     return out
+
+
+def clean_together(
+    server: LlamaServer, prompt: list[int], n_predict: int, batch: int, cpu: int
+) -> tuple[list[dict[str, Any]], float]:
+    """`together`, taken again (up to RETRIES more times) while the server waited, runnable, for its CPU for more than
+    CONTENDED_SHARE of it: the replies of the first clean take (else the last) and the time the server waited."""
+    for _ in range(RETRIES + 1):
+        started = time.perf_counter()
+        with CpuWatch(cpu, server.pid()) as watch:
+            replies = together(server, prompt, n_predict, batch)
+        if not contended(watch.waited, time.perf_counter() - started):
+            break
+        note(f"  decode B={batch}: the server waited {watch.waited:.2f} s for its CPU; taken again")
+        warm(server, prompt)  # the slots hold the prompt and nothing after it, as before the first take
+    return replies, watch.waited
 
 
 def together(server: LlamaServer, prompt: list[int], n_predict: int, batch: int) -> list[dict[str, Any]]:
@@ -171,17 +206,26 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     binary = server_binary()
     with LlamaServer(binary, args.gguf, SLOT_FLAGS, slots=4, ctx=CTX, cpu=args.server_cpu) as server:
         header = server.header()
+        # the server above other work on its CPU, the client (this process) above it on its own
+        prioritized = prioritize(server.pid()) and prioritize()
         note("prompt steps")
         samples += prompt_samples(server, pool, args.repeats)
         note("decode steps")
         for _ in range(args.repeats):
-            samples += decode_samples(server, prompts, args.decode_tokens, spec=False)
-    flags = [*SLOT_FLAGS, *args.spec_flags.split()]
-    with LlamaServer(binary, args.gguf, flags, slots=4, ctx=CTX, cpu=args.server_cpu) as server:
-        note("speculative decode steps")
-        for _ in range(args.repeats):
-            samples += decode_samples(server, prompts, args.decode_tokens, spec=True)
+            samples += decode_samples(server, prompts, args.decode_tokens, spec=False, cpu=args.server_cpu)
+    for what, text in (("speculative", args.spec_flags), ("idle speculative", args.idle_flags)):
+        if not text.strip():
+            continue
+        with LlamaServer(
+            binary, args.gguf, [*SLOT_FLAGS, *text.split()], slots=4, ctx=CTX, cpu=args.server_cpu
+        ) as server:
+            prioritize(server.pid())
+            note(f"{what} decode steps ({text})")
+            for _ in range(args.repeats):
+                samples += decode_samples(server, prompts, args.decode_tokens, spec=True, cpu=args.server_cpu)
     return {
+        "idle_flags": args.idle_flags,
+        "prioritized": prioritized,
         "command": command_line(__file__),
         "server": header,
         "server_cpu": args.server_cpu,
@@ -203,7 +247,8 @@ def fit(record: dict[str, Any], name: str, samples_name: str) -> ServingProfile:
         "date": record["date"],
         "source": f"measured by `{record['command']}`: the server's reply timings of prompt steps (one request, "
         f"1..512 tokens) and of lockstep decode steps of 1..4 identical requests, without speculation and with "
-        f"`{record['spec_flags']}`",
+        f"`{record['spec_flags']}`"
+        + (f", and with `{record['idle_flags']}`, which drafts nothing on them" if record.get("idle_flags") else ""),
     }
     samples = record["samples"]
     profile = fit_serving_profile([(shape_of(s), s["ms"]) for s in samples], name, meta, GRID)
