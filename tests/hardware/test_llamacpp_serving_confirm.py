@@ -109,5 +109,6 @@ def test_a_study_confirmation_on_the_real_server(llama_binary, llama_gguf, tmp_p
     done = subprocess.run(
         [sys.executable, str(script), *other], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "its arrivals are not these arguments'" in done.stderr and not (tmp_path / "other.json").exists()
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and done.stderr.splitlines()[-1] == errors[0], done.stderr
+    assert "its arrivals are not these arguments'" in errors[0] and not (tmp_path / "other.json").exists()
