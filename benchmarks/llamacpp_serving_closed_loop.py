@@ -2,11 +2,11 @@
 times, each configuration predicted by the serving model (sim/engine/serving/llamacpp_slots.py with a measured
 serving profile) and measured on the server, at several request rates.
 
-    DRAFTLAB_LLAMA_SERVER=/path/to/llama-server flock /work/briefs/timing.lock \\
+    DRAFTLAB_LLAMA_SERVER=/path/to/llama-server \\
         taskset -c 0 python benchmarks/llamacpp_serving_closed_loop.py --gguf MODEL.gguf \\
         [--corpus traces/llamacpp] [--rates 0.5,1,2] [--requests 16] [--max-tokens 64] [--repeats 2] \\
         [--configs 'none;--spec-type ngram-simple ...'] [--study studies/NAME [--confirm-out FILE] [--force]] \\
-        [--slots 4] [--ctx 8192] [--profile P] [--predict-only] \\
+        [--slots 4] [--ctx 8192] [--profile P] [--predict-only | --rescore RESULT.json] \\
         [--out results/benchmarks/llamacpp_serving_closed_loop.json]
 
 The committed benchmarks/results/llamacpp_serving_closed_loop.{json,md} are this command's output with
