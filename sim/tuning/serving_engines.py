@@ -19,7 +19,7 @@ import dataclasses
 import json
 import math
 import shlex
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from policies.llamacpp import NONE as NO_SPEC_TYPE
 from policies.llamacpp import LlamaServerParams, from_flags
@@ -33,11 +33,36 @@ from sim.engine.serving import ProfileCosts, SchedulerParams
 from sim.engine.serving.llamacpp_slots import SlotsParams
 from sim.rows.exports import export_for
 from sim.rows.llamacpp_serving import SERVING_KEYS, run_llamacpp_serving, slots_params
-from sim.rows.serving import ServingRow, Variant, run_serving
+from sim.rows.serving import ServingRow, Slo, Variant, run_serving
+from sim.tuning.specs.loads import Load
 from sim.tuning.specs.reader import Reader
 
-if TYPE_CHECKING:
-    from sim.tuning.specs.serving import ServingSpec
+
+class ServingSpec(Protocol):
+    """What an engine's part reads of a serving study (sim/tuning/specs/serving.py's ServingSpec, which holds one
+    of these classes: this view keeps the two modules from importing each other)."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def fixed(self) -> dict[str, Any]: ...
+    @property
+    def baseline(self) -> Variant: ...
+    @property
+    def drafter(self) -> VllmParams | None: ...
+    @property
+    def scheduler(self) -> Any: ...
+    @property
+    def scheduler_keys(self) -> dict[str, Any]: ...
+    @property
+    def slo(self) -> Slo: ...
+    @property
+    def load(self) -> Load: ...
+    @property
+    def drafter_keys(self) -> dict[str, Any]: ...
+
 
 DRIVER = "recurrence"  # the plain-loop driver: the same steps as the simpy model, to the last bit, and faster
 # vLLM's documented n-gram example, as python -m sim.serve's default drafter: matching 2- to 3-grams.

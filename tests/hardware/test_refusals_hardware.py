@@ -694,10 +694,16 @@ def test_measure_default_width_covers_every_committed_configuration():
     from sim.hardware.options import DEFAULT_MAX_WIDTH
     from sim.rows.config import load_config_file
 
-    # A serving study's best.yaml holds a serving schedule (docs/serving.md), which sim.measure does not price.
-    # A llama-server study's best.yaml (llama_server_flags) is priced by the llama-server profile, which `sim.measure
-    # --engine llamacpp --max-width 65` wrote for ngram-mod's longest drafts: that profile must price it instead.
-    bests = [p for p in sorted((ROOT / "studies").glob("*/best.yaml")) if "vllm_serve" not in p.read_text()]
+    # A serving study's best.yaml (its spec has `serving:`) is priced by a serving profile (docs/serving.md), which
+    # sim.measure does not write. A llama-server study's best.yaml (llama_server_flags) is priced by the
+    # llama-server profile, which `sim.measure --engine llamacpp --max-width 65` wrote for ngram-mod's longest
+    # drafts: that profile must price it instead.
+    def serving(best: Path) -> bool:
+        return "serving" in yaml.safe_load(best.parent.with_suffix(".yaml").read_text())
+
+    everything = sorted((ROOT / "studies").glob("*/best.yaml"))
+    bests = [p for p in everything if not serving(p)]
+    assert len(bests) < len(everything)  # the committed serving studies are among them, and left out
     llama = [p for p in bests if "llama_server_flags" in p.read_text()]
     replays = [p for p in bests if p not in llama]
     llama_widths = yaml.safe_load((ROOT / "traces/profiles/cpu-llamacpp-smollm2-135m-instruct.yaml").read_text())

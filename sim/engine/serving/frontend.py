@@ -15,14 +15,29 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sim.engine.serving.metrics import ServingResult
 from sim.engine.serving.requests import Arrival, Live
 from sim.engine.serving_costs import FrontendCosts
 
-if TYPE_CHECKING:
-    from sim.engine.serving.drivers import AnyEngine, Client
+
+class FrontedEngine(Protocol):
+    """What the frontend needs of an engine (either form): its step outputs' list, and arrivals into its queue."""
+
+    outputs: list[tuple[list[int], list[int]]] | None
+
+    def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live: ...
+
+
+class FrontedClient(Protocol):
+    """What the frontend needs of the drivers' client: its sends, and a slot freed when a last chunk is seen."""
+
+    def send_to(self, frontend: Frontend, now_ms: float) -> None: ...
+
+    def seen_last(self, at_ms: float) -> None: ...
+
+    def next_send_ms(self) -> float: ...
 
 
 class Frontend:
@@ -37,7 +52,7 @@ class Frontend:
         self.seen: dict[int, list[float]] = {}  # when the client saw each of a request's chunks
         self.tail_ms = 0.0  # time requests spent between the engine's finish and the client's (Little's L)
 
-    def attach(self, engine: AnyEngine) -> None:
+    def attach(self, engine: FrontedEngine) -> None:
         """Have the engine append each step's chunks to `outputs`."""
         engine.outputs = self.outputs
 
@@ -52,7 +67,7 @@ class Frontend:
         self.free_ms = start + self.costs.request_cost(len(arrival.trace.prompt_tokens))
         self.inbound.append((self.free_ms, arrival, sent_ms))
 
-    def chunks(self, client: Client, now_ms: float) -> None:
+    def chunks(self, client: FrontedClient, now_ms: float) -> None:
         """The step that ended at `now_ms` streamed its chunks: each is seen when the frontend has sent it; a
         request whose last chunk this is finishes, in the client's view, then (and frees its client slot)."""
         costs = self.costs
@@ -70,7 +85,7 @@ class Frontend:
             self.free_ms = at
         self.outputs.clear()
 
-    def deliver(self, engine: AnyEngine, now_ms: float) -> None:
+    def deliver(self, engine: FrontedEngine, now_ms: float) -> None:
         """Requests through the frontend by `now_ms` join the engine's waiting queue, in the system from their send."""
         while self.inbound and self.inbound[0][0] <= now_ms:
             _, arrival, sent_ms = self.inbound.popleft()
@@ -78,7 +93,7 @@ class Frontend:
             self.lives[live.rid] = live
             self.seen[live.rid] = []
 
-    def boundary(self, engine: AnyEngine, client: Client, now_ms: float) -> None:
+    def boundary(self, engine: FrontedEngine, client: FrontedClient, now_ms: float) -> None:
         """What happens at a step boundary (or when an idle engine wakes): the requests sent by now reach the
         frontend before the step's chunks (they came first), the chunks go out, a slot a chunk freed at this very
         instant lets another request go, and what is through the frontend joins the engine's queue."""
@@ -88,7 +103,7 @@ class Frontend:
             client.send_to(self, now_ms)
         self.deliver(engine, now_ms)
 
-    def next_ms(self, client: Client) -> float:
+    def next_ms(self, client: FrontedClient) -> float:
         """When an idle engine next has something to do: the next request through the frontend, or the next send
         (which then passes through it)."""
         ready = self.inbound[0][0] if self.inbound else math.inf
