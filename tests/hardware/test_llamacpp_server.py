@@ -213,6 +213,31 @@ def test_the_build_commands_argument_errors(tmp_path, capsys, monkeypatch):
     assert_refused(run_main(main, ["build", "llama-server", *cache], capsys), "needs cmake on PATH")
 
 
+def test_the_build_route_imports_only_the_standard_library_and_pyyaml():
+    # CI builds llama-server in a venv that has only pip and PyYAML, in the background while the suite's own venv is
+    # still installing: the route may import nothing else (numpy, torch, ... would fail there at import time).
+    script = (
+        "import sys, sim.models, sim.hardware.llamacpp.build\n"
+        "names = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)\n"
+        "print(' '.join(sorted(n for n in names if not n.startswith('_'))))"
+    )
+    # -S: no site-packages beyond what PYTHONPATH names; the project from the source folder, PyYAML from its own.
+    import yaml
+
+    path = os.pathsep.join([str(ROOT), str(Path(yaml.__file__).parent.parent)])
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", script],
+        cwd=ROOT,
+        env={"PYTHONPATH": path, "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # cython_runtime comes with PyYAML's compiled loader where its wheel has one
+    assert set(done.stdout.split()) - {"cython_runtime"} == {"sim", "yaml"}
+
+
 def test_server_binary_prefers_the_environment_and_says_how_to_build(tmp_path, monkeypatch):
     from sim.hardware.llamacpp.server import server_binary
 
