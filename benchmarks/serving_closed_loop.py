@@ -13,8 +13,10 @@ most --max-prompt-tokens long (27 of 41 at 256: prefill runs ~200 tokens/s on th
 end of the sweep must fit in minutes), drawn and timed by `sim.engine.arrivals.generated` (Poisson, one seed per
 rate), each capped at --max-tokens. Per configuration one
 server (sim/hardware/vllm/server.py: loopback only, eager float32, no prefix caching, vLLM's CPU defaults for the
-scheduler), started once; the rates run in turn, and the whole pass --repeats times, so drift shows as the spread
-between repeats (the noise every comparison is read against). The client sends each request at its time and
+scheduler), started once per pass, the configurations' order rotating from pass to pass; the rates run in turn on
+it, and the whole pass --repeats times, so drift shows as the spread between repeats (the noise every comparison is
+read against). Server and client run at nice -10 where the user may (root), and every run records the CPU time of the
+server's processes and how long they waited for a CPU. The client sends each request at its time and
 streams the reply; every reply must equal its trace (greedy float32), or the run says so.
 
 Predicted: the serving model with the measured CPU serving profile at the same arrivals, with the server's
@@ -49,6 +51,8 @@ from _harness import (  # noqa: E402
     confirm_target,
     loadavg,
     note,
+    prioritize,
+    process_times_s,
     rank,
     ranking_lines,
     table,
@@ -239,34 +243,53 @@ def measure(
     drafter: Any,
     model_dir: str,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """Every configuration's real runs (a server each, --repeats passes over the rates), per `LABEL@RATE`, and each
-    server's header."""
+    """Every configuration's real runs, per `LABEL@RATE`, and each server's header. Each pass starts every
+    configuration's server in turn, the order rotating from pass to pass, and runs the rates on it: a stretch of
+    slow machine then lands on every configuration alike instead of on whichever ran then. Server and client run
+    above everything else on the machine (`prioritize`), and each run records how long the server's processes
+    waited, runnable, for a CPU (what its own processes and the client cost one another on two cores, and whatever
+    else ran)."""
     from sim.hardware.vllm.load import measured_run
-    from sim.hardware.vllm.server import Server
+    from sim.hardware.vllm.server import Server, group_members
 
     measured: dict[str, list[dict[str, Any]]] = {}
     servers: dict[str, Any] = {}
-    for variant in variants:
-        policy = make_speculation(variant.name, variant.values)
-        config = policy.vllm_config(drafter_settings(drafter)) if policy.speculates else None
-        note(f"{variant.label}: starting vllm serve ({json.dumps(config)})")
-        with Server(model_dir, max_model_len=MAX_MODEL_LEN, speculative=config) as server:
-            servers[variant.label] = server.header()
-            for repeat in range(args.repeats):
+    prioritize()
+    for repeat in range(args.repeats):
+        shift = repeat % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            policy = make_speculation(variant.name, variant.values)
+            config = policy.vllm_config(drafter_settings(drafter)) if policy.speculates else None
+            note(f"pass {repeat + 1}/{args.repeats}, {variant.label}: starting vllm serve ({json.dumps(config)})")
+            with Server(model_dir, max_model_len=MAX_MODEL_LEN, speculative=config) as server:
+                servers.setdefault(variant.label, server.header())
+                members = group_members(server.group) if server.group is not None else []
+                prioritized = all([prioritize(pid) for pid in members]) and bool(members)
                 for rate in rates:
                     chosen = arrivals[rate]
                     load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
-                    note(f"  {variant.label} @ {rate} req/s, pass {repeat + 1}/{args.repeats}")
+                    note(f"  {variant.label} @ {rate} req/s")
+                    before = [process_times_s(pid) for pid in members]
                     run = measured_run(server, load, timeout_s=args.timeout)
+                    after = [process_times_s(pid) for pid in members]
                     metrics = measured_metrics(run["records"], [a.trace for a in chosen], args.max_tokens)
                     metrics.update(
                         counters=run["counters"],
                         load_before=run["load_before"],
                         load_after=run["load_after"],
                         wall_s=run["wall_s"],
+                        server_cpu_s=round(sum(a[0] - b[0] for a, b in zip(after, before, strict=True)), 3),
+                        server_waited_s=round(sum(a[1] - b[1] for a, b in zip(after, before, strict=True)), 3),
+                        pass_index=repeat,
+                        prioritized=prioritized,
                     )
                     measured.setdefault(f"{variant.label}@{rate}", []).append(metrics)
     return measured, servers
+
+
+def wait_shares(runs: list[dict[str, Any]]) -> list[float]:
+    """Per run that recorded it, how long the server's processes waited for a CPU over the run's wall time."""
+    return [r["server_waited_s"] / r["wall_s"] for r in runs if r.get("server_waited_s") is not None and r["wall_s"]]
 
 
 def compare(
@@ -297,6 +320,8 @@ def compare(
                 "error": error,
                 "within_target": {k: abs(error[k]) <= t for k, t in TARGETS.items()},
                 "parity": all(not r["mismatched"] and not r["errors"] for r in runs),
+                # the server's processes' wait for a CPU, a share of the run's wall time (runs before it was kept: -)
+                "server_wait_share": statistics.median(shares) if (shares := wait_shares(runs)) else None,
             }
             rows.append(
                 [
@@ -314,6 +339,9 @@ def compare(
                     f"{med['ttft_mean']:.0f}",
                     f"{pred['ttft_mean']:.0f}",
                     f"{spread['throughput']:.1%}",
+                    "-"
+                    if comparisons[key]["server_wait_share"] is None
+                    else f"{comparisons[key]['server_wait_share']:.0%}",
                 ]
             )
     return comparisons, rows
@@ -324,7 +352,7 @@ def write_report(out: Path, result: dict[str, Any], rows: list[list[Any]], profi
     rankings = result["rankings"]
     out.parent.mkdir(parents=True, exist_ok=True)
     headers = ["config", "req/s", "tok/s real", "sim", "err", "TPOT real", "sim", "err", "p99 real", "sim", "err"]
-    headers += ["TTFT real", "sim", "spread"]
+    headers += ["TTFT real", "sim", "spread", "wait"]
     text = table(headers, rows)
     md = [f"# Serving closed loop: {profile_name} against vllm serve", "", f"`{result['command']}`", "", "```", text]
     md += ["```", ""]

@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--serving",
         action="store_true",
         help="with --engine vllm: a serving cost profile instead, fitted to vLLM's batched engine steps (batches of "
-        "1..32 requests, prompts of 64 and 512 tokens, n-gram K 0, 2, 4, 7; 5 to 7 minutes on 2 cores), its raw "
-        "samples beside --out as NAME.samples.json (docs/serving-vllm.md)",
+        "1..32 requests, prompts of 64 and 512 tokens, n-gram K 0, 2, 4, 7; and K 0 with 4 configured, timed apart "
+        "and not fitted; 6 to 9 minutes on 2 cores), its raw samples beside --out as NAME.samples.json "
+        "(docs/serving-vllm.md)",
     )
     add_model_args(parser)
     return parser

@@ -148,6 +148,22 @@ def test_engine_steps_are_read_from_the_scheduler(smol):
     assert len(samples) <= 2 + decode_steps(2) + 1
 
 
+def test_the_idle_engine_is_speculation_configured_with_nothing_scheduled_and_stays_out_of_the_fit(smol):
+    from sim.hardware.vllm.engine import in_fresh_process
+    from sim.hardware.vllm.serving_measure import IDLE_OF, engine_samples, fit, summary
+
+    run = in_fresh_process(engine_samples, str(smol[0]), 0, {64: 2}, 0, IDLE_OF)
+    spec = run["settings"]["speculative_config"]
+    assert spec["num_speculative_tokens"] == IDLE_OF and run["idle_of"] == IDLE_OF
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 0]]
+    # the cycle the prompts repeat would be drafted at any K > 0: the schedule's K = 0 keeps every step plain
+    assert run["samples"] and all(d == 0 for s in run["samples"] for _, _, d in s["pieces"])
+    assert all(s["idle_of"] == IDLE_OF and s["drafting"] == 0 for s in run["samples"])
+    assert set(summary([run])) == {f"K=0 of {IDLE_OF}"}
+    plain = {key: value for key, value in run.items() if key != "idle_of"}
+    assert fit([plain, run], "p", {}) == fit([plain], "p", {})
+
+
 def test_serving_measurement_wants_the_vllm_engine(smol, tmp_path, capsys):
     from conftest import assert_refused, run_main
 

@@ -9,6 +9,12 @@ STEPS_PER_SIZE steps (10 at batch 1, 8 at 2, 4 at 3 and 4; faster above SMALL re
 at nearly every batch size from one prefill. Prompts repeat a cycle of tokens, which the model continues, so the
 n-gram proposer drafts its full K nearly every step.
 
+One engine more is speculation configured and idle: n-gram K = IDLE_OF with a Dynamic SD schedule of K = 0 at every
+batch size, stepped as the K = 0 engine is. Its steps schedule no drafts, as a plain engine's do; whether they cost
+what plain steps cost is what a `none` server and a schedule's K = 0 band differ by (docs/serving-vllm.md, section
+5). They are kept apart from the fit (the profile has no term for them) and their medians by batch size are compared
+with the plain engine's in the profile's notes.
+
 Every step is timed (`time.perf_counter`) and its composition read from the scheduler's own output: per scheduled
 request its scheduled tokens, its computed tokens before the step, its scheduled drafts. A composition becomes a
 `StepShape` (sim/engine/serving_costs.py); the samples (shape, ms) are fitted by `fit_serving_profile`. The time
@@ -33,6 +39,7 @@ from typing import Any
 from sim.core.errors import UserError
 
 KS = (0, 2, 4, 7)
+IDLE_OF = 4  # the idle engine: speculation configured with this K, scheduled K = 0 at every batch size
 BATCHES = (1, 2, 4, 8, 16, 32)
 LENGTHS = {64: 32, 512: 4}  # prompt length -> the largest batch run with it (prefill ran ~200 tokens/s here)
 STEPS_PER_SIZE = 2  # decode steps per batch size as the batch shrinks, up to SMALL requests (one step above)
@@ -74,14 +81,26 @@ def groups(largest: int) -> list[int]:
     return out
 
 
-def engine_settings(model: str, k: int, max_num_seqs: int, max_model_len: int, seed: int) -> dict[str, Any]:
-    """vllm.LLM's arguments: sim/hardware/vllm_engine.py's, the scheduler's limits and the serving executor."""
+def engine_settings(
+    model: str, k: int, max_num_seqs: int, max_model_len: int, seed: int, idle_of: int = 0
+) -> dict[str, Any]:
+    """vllm.LLM's arguments: sim/hardware/vllm_engine.py's, the scheduler's limits and the serving executor.
+    idle_of > 0 (with k = 0): speculation configured with K = idle_of and a schedule of K = 0 at every batch size."""
     from policies.vllm import VllmParams
     from sim.hardware.vllm import engine as vllm_engine
 
-    params = (
-        VllmParams(num_speculative_tokens=k, prompt_lookup_min=LOOKUP[0], prompt_lookup_max=LOOKUP[1]) if k else None
-    )
+    params: VllmParams | None = None
+    if idle_of:
+        if k:
+            raise ValueError("an idle engine schedules K = 0")
+        params = VllmParams(
+            num_speculative_tokens=idle_of,
+            prompt_lookup_min=LOOKUP[0],
+            prompt_lookup_max=LOOKUP[1],
+            num_speculative_tokens_per_batch_size=json.dumps([[1, max_num_seqs, 0]]),
+        )
+    elif k:
+        params = VllmParams(num_speculative_tokens=k, prompt_lookup_min=LOOKUP[0], prompt_lookup_max=LOOKUP[1])
     settings = vllm_engine.engine_settings(model, params, max_model_len, seed)
     settings.update(
         max_num_seqs=max_num_seqs,
@@ -95,15 +114,15 @@ def engine_settings(model: str, k: int, max_num_seqs: int, max_model_len: int, s
     return settings
 
 
-def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int) -> dict[str, Any]:
-    """Every step of one engine speculating k tokens (0: none), timed, with its composition; run in a fresh
-    process (`in_fresh_process`)."""
+def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int, idle_of: int = 0) -> dict[str, Any]:
+    """Every step of one engine speculating k tokens (0: none; with idle_of, speculation configured and K = 0
+    scheduled), timed, with its composition; run in a fresh process (`in_fresh_process`)."""
     from sim.hardware.vllm.engine import import_vllm
 
     vllm = import_vllm()
     largest = max(lengths.values())
     most_tokens = max(n + 1 + decode_steps(b) * (k + 1) for n, b in lengths.items())
-    settings = engine_settings(model, k, largest, most_tokens + k + 16, seed)
+    settings = engine_settings(model, k, largest, most_tokens + k + 16, seed, idle_of)
     started = time.perf_counter()
     llm = vllm.LLM(**settings)
     start_s = time.perf_counter() - started
@@ -131,7 +150,8 @@ def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int) -> di
     scheduler.schedule, client.get_output = scheduled, timed_output
     samples: list[dict[str, Any]] = []
     config = core.vllm_config.scheduler_config
-    print(f"  K={k}: engine started in {start_s:.1f} s", file=sys.stderr, flush=True)
+    label = arm_label(k, idle_of)
+    print(f"  {label}: engine started in {start_s:.1f} s", file=sys.stderr, flush=True)
     for warm, runs in ((True, {min(lengths): 2}), (False, lengths)):  # the warm-up run is dropped
         for length, batch in runs.items():
             begun = time.perf_counter()
@@ -154,16 +174,17 @@ def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int) -> di
                 if warm or not outputs or outputs[-1] is None:
                     continue
                 samples.append({"k": k, "prompt": length, "ms": round(ms, 4), "core_ms": round(core_ms[-1], 4),
-                                **outputs[-1]})  # fmt: skip
+                                **({"idle_of": idle_of} if idle_of else {}), **outputs[-1]})  # fmt: skip
             if not warm:
                 print(
-                    f"  K={k}: prompts of {length} x {batch}: {sum(1 for s in samples if s['prompt'] == length)} "
+                    f"  {label}: prompts of {length} x {batch}: {sum(1 for s in samples if s['prompt'] == length)} "
                     f"steps in {time.perf_counter() - begun:.1f} s",
                     file=sys.stderr,
                     flush=True,
                 )
     return {
         "k": k,
+        **({"idle_of": idle_of} if idle_of else {}),
         "start_s": round(start_s, 2),
         "samples": samples,
         "scheduler": {
@@ -174,6 +195,11 @@ def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int) -> di
         },
         "settings": settings,
     }
+
+
+def arm_label(k: int, idle_of: int = 0) -> str:
+    """How an engine is named in progress lines and the notes: K=4, or K=0 of 4 for the idle engine."""
+    return f"K=0 of {idle_of}" if idle_of else f"K={k}"
 
 
 def composition(scheduler: Any, output: Any, k: int) -> dict[str, Any]:
@@ -217,23 +243,29 @@ def grid(tokens: list[int]) -> tuple[int, ...]:
         points = kept
 
 
-def measure(model: str, ks: tuple[int, ...], lengths: dict[int, int], seed: int) -> list[dict[str, Any]]:
-    """`engine_samples` for every K, each engine in a process of its own."""
+def measure(
+    model: str, ks: tuple[int, ...], lengths: dict[int, int], seed: int, idle_of: int = 0
+) -> list[dict[str, Any]]:
+    """`engine_samples` for every K, then (idle_of > 0) the idle engine, each in a process of its own."""
     from sim.hardware.vllm.engine import in_fresh_process
 
     out = []
-    for k in ks:
+    for k, idle in [(k, 0) for k in ks] + ([(0, idle_of)] if idle_of else []):
         begun = time.perf_counter()
-        out.append(in_fresh_process(engine_samples, model, k, lengths, seed))
-        print(f"K={k}: {len(out[-1]['samples'])} steps in {time.perf_counter() - begun:.0f} s", file=sys.stderr)
+        out.append(in_fresh_process(engine_samples, model, k, lengths, seed, idle))
+        print(
+            f"{arm_label(k, idle)}: {len(out[-1]['samples'])} steps in {time.perf_counter() - begun:.0f} s",
+            file=sys.stderr,
+        )
     return out
 
 
 def fit(runs: list[dict[str, Any]], name: str, meta: dict[str, Any], field: str = "core_ms") -> Any:
-    """The serving profile fitted to every run's steps (the engine core's time, `field`)."""
+    """The serving profile fitted to every run's steps (the engine core's time, `field`), the idle engine's left
+    out: the profile has no term that tells its steps from plain ones."""
     from sim.engine.serving_costs import fit_serving_profile
 
-    samples = [(shape(s), s[field]) for run in runs for s in run["samples"]]
+    samples = [(shape(s), s[field]) for run in runs if not run.get("idle_of") for s in run["samples"]]
     return fit_serving_profile(samples, name, meta, forward_tokens=grid([sh.tokens for sh, _ in samples]))
 
 
@@ -244,7 +276,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for run in runs:
         for s in run["samples"]:
             if all(count == 1 + drafts for _, count, drafts in s["pieces"]):
-                decode[f"K={run['k']}"][len(s["pieces"])].append(s["core_ms"])
+                decode[arm_label(run["k"], run.get("idle_of", 0))][len(s["pieces"])].append(s["core_ms"])
     return {
         key: {str(b): round(statistics.median(v), 1) for b, v in sorted(by.items()) if b in BATCHES}
         for key, by in decode.items()
@@ -280,7 +312,7 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
     info = model_info(args.model, Path(path))
     began = time.perf_counter()
     load_before = [round(x, 2) for x in os.getloadavg()]
-    runs = measure(path, KS, LENGTHS, args.seed)
+    runs = measure(path, KS, LENGTHS, args.seed, IDLE_OF)
     load_after = [round(x, 2) for x in os.getloadavg()]
     command = "python -m sim.measure " + shlex.join(argv)
     meta = {
@@ -289,7 +321,8 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
         f"torch {torch.__version__}",
         "date": datetime.date.today().isoformat(),
         "source": f"measured by `{command}`: vLLM engine-core steps timed one by one, n-gram K in "
-        f"{', '.join(map(str, KS))} (sim/hardware/vllm_serving_measure.py)",
+        f"{', '.join(map(str, KS))}, and K=0 with K={IDLE_OF} configured, not fitted "
+        "(sim/hardware/vllm/serving_measure.py)",
         "notes": "median engine-core ms of the pure decode steps by K and batch size: "
         + json.dumps(summary(runs), separators=(",", ":")),
     }
