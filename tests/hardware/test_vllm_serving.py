@@ -150,7 +150,7 @@ def test_engine_steps_are_read_from_the_scheduler(smol):
 
 def test_the_idle_engine_is_speculation_configured_with_nothing_scheduled_and_stays_out_of_the_fit(smol):
     from sim.hardware.vllm.engine import in_fresh_process
-    from sim.hardware.vllm.serving_measure import IDLE_OF, engine_samples, fit, summary
+    from sim.hardware.vllm.serving_measure import IDLE_OF, engine_samples, fitted_samples, summary
 
     run = in_fresh_process(engine_samples, str(smol[0]), 0, {64: 2}, 0, IDLE_OF)
     spec = run["settings"]["speculative_config"]
@@ -161,7 +161,9 @@ def test_the_idle_engine_is_speculation_configured_with_nothing_scheduled_and_st
     assert all(s["idle_of"] == IDLE_OF and s["drafting"] == 0 for s in run["samples"])
     assert set(summary([run])) == {f"K=0 of {IDLE_OF}"}
     plain = {key: value for key, value in run.items() if key != "idle_of"}
-    assert fit([plain, run], "p", {}) == fit([plain], "p", {})
+    assert fitted_samples([plain, run]) == fitted_samples([plain]) and len(fitted_samples([plain])) == len(
+        plain["samples"]
+    )
 
 
 def test_serving_measurement_wants_the_vllm_engine(smol, tmp_path, capsys):

@@ -260,12 +260,17 @@ def measure(
     return out
 
 
+def fitted_samples(runs: list[dict[str, Any]], field: str = "core_ms") -> list[tuple[Any, float]]:
+    """(shape, ms) of every step the profile is fitted to: the idle engine's are left out, since the profile has no
+    term that tells its steps from plain ones."""
+    return [(shape(s), s[field]) for run in runs if not run.get("idle_of") for s in run["samples"]]
+
+
 def fit(runs: list[dict[str, Any]], name: str, meta: dict[str, Any], field: str = "core_ms") -> Any:
-    """The serving profile fitted to every run's steps (the engine core's time, `field`), the idle engine's left
-    out: the profile has no term that tells its steps from plain ones."""
+    """The serving profile fitted to `fitted_samples` (the engine core's time, `field`)."""
     from sim.engine.serving_costs import fit_serving_profile
 
-    samples = [(shape(s), s[field]) for run in runs if not run.get("idle_of") for s in run["samples"]]
+    samples = fitted_samples(runs, field)
     return fit_serving_profile(samples, name, meta, forward_tokens=grid([sh.tokens for sh, _ in samples]))
 
 
