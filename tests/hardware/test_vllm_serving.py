@@ -150,7 +150,7 @@ def test_engine_steps_are_read_from_the_scheduler(smol):
 
 def test_the_idle_engine_is_speculation_configured_with_nothing_scheduled_and_stays_out_of_the_fit(smol):
     from sim.hardware.vllm.engine import in_fresh_process
-    from sim.hardware.vllm.serving_measure import IDLE_OF, engine_samples, fitted_samples, summary
+    from sim.hardware.vllm.serving_measure import IDLE_OF, engine_samples, fitted_samples, idle_ratio, summary
 
     run = in_fresh_process(engine_samples, str(smol[0]), 0, {64: 2}, 0, IDLE_OF)
     spec = run["settings"]["speculative_config"]
@@ -161,6 +161,9 @@ def test_the_idle_engine_is_speculation_configured_with_nothing_scheduled_and_st
     assert all(s["idle_of"] == IDLE_OF and s["drafting"] == 0 for s in run["samples"])
     assert set(summary([run])) == {f"K=0 of {IDLE_OF}"}
     plain = {key: value for key, value in run.items() if key != "idle_of"}
+    # paired with itself step by step: every pair has the same composition and a ratio of exactly 1
+    assert idle_ratio([plain, run]) == {"pairs": len(run["samples"]), "ratio": 1.0, "ci95": [1.0, 1.0]}
+    assert idle_ratio([run]) is None
     assert fitted_samples([plain, run]) == fitted_samples([plain]) and len(fitted_samples([plain])) == len(
         plain["samples"]
     )

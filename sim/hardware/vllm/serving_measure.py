@@ -288,6 +288,31 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def idle_ratio(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The idle engine's steps over the plain engine's, paired step by step where both scheduled the same
+    composition (the same plan of requests makes them alike): the geometric mean of the ratios of their engine-core
+    times and its 95% interval (normal, on the logs); None without both engines or with fewer than 3 pairs."""
+    import math
+
+    plain = next((run for run in runs if run["k"] == 0 and not run.get("idle_of")), None)
+    idle = next((run for run in runs if run.get("idle_of")), None)
+    if plain is None or idle is None:
+        return None
+    logs = [
+        math.log(i["core_ms"] / p["core_ms"])
+        for p, i in zip(plain["samples"], idle["samples"], strict=False)
+        if p["pieces"] == i["pieces"] and p["core_ms"] > 0 and i["core_ms"] > 0
+    ]
+    if len(logs) < 3:
+        return None
+    mean, half = statistics.fmean(logs), 1.96 * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {
+        "pairs": len(logs),
+        "ratio": round(math.exp(mean), 4),
+        "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
+    }
+
+
 def sidecar(out: str) -> Path:
     """Where the raw samples go: beside the profile, `NAME.samples.json`."""
     path = Path(out)
@@ -329,7 +354,9 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
         f"{', '.join(map(str, KS))}, and K=0 with K={IDLE_OF} configured, not fitted "
         "(sim/hardware/vllm/serving_measure.py)",
         "notes": "median engine-core ms of the pure decode steps by K and batch size: "
-        + json.dumps(summary(runs), separators=(",", ":")),
+        + json.dumps(summary(runs), separators=(",", ":"))
+        + f"; K=0 of {IDLE_OF} over K=0, step by step at the same composition: "
+        + json.dumps(idle_ratio(runs), separators=(",", ":")),
     }
     profile = fit(runs, name, meta)
     profile.meta["fit"]["raw_samples"] = samples_path.name
