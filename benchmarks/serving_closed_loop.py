@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -257,7 +258,7 @@ def measure(
     prioritize()
     for repeat in range(args.repeats):
         shift = repeat % len(variants)
-        for variant in variants[shift:] + variants[:shift]:
+        for position, variant in enumerate(variants[shift:] + variants[:shift]):
             policy = make_speculation(variant.name, variant.values)
             config = policy.vllm_config(drafter_settings(drafter)) if policy.speculates else None
             note(f"pass {repeat + 1}/{args.repeats}, {variant.label}: starting vllm serve ({json.dumps(config)})")
@@ -265,6 +266,8 @@ def measure(
                 servers.setdefault(variant.label, server.header())
                 members = group_members(server.group) if server.group is not None else []
                 prioritized = all([prioritize(pid) for pid in members]) and bool(members)
+                pinned = pin_apart(members)
+                note(f"  cores: {json.dumps(pinned)}")
                 for rate in rates:
                     chosen = arrivals[rate]
                     load = [(a.time_s, list(a.trace.prompt_tokens), args.max_tokens) for a in chosen]
@@ -280,11 +283,61 @@ def measure(
                         wall_s=run["wall_s"],
                         server_cpu_s=round(sum(a[0] - b[0] for a, b in zip(after, before, strict=True)), 3),
                         server_waited_s=round(sum(a[1] - b[1] for a, b in zip(after, before, strict=True)), 3),
+                        # per process (API server, engine core, worker): which of them the CPU time and the wait are
+                        server_processes=[
+                            {
+                                "name": process_name(pid),
+                                "cpu_s": round(a[0] - b[0], 3),
+                                "waited_s": round(a[1] - b[1], 3),
+                            }
+                            for pid, a, b in zip(members, after, before, strict=True)
+                        ],
+                        pinned=pinned,
                         pass_index=repeat,
+                        pass_position=position,
                         prioritized=prioritized,
                     )
                     measured.setdefault(f"{variant.label}@{rate}", []).append(metrics)
     return measured, servers
+
+
+def threads_of(pid: int) -> list[int]:
+    """Every thread of process `pid` (none when it is gone)."""
+    try:
+        return [int(task) for task in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def pin_apart(members: list[int]) -> dict[str, list[int]] | None:
+    """Keep the model's worker to the CPUs it runs on and everything else of the server (API server, engine core)
+    and this process (the client) off them: on two cores the engine core's loop and the client otherwise take turns
+    on the worker's core, and every step waits for them. vLLM binds the worker's threads to CPUs of their own
+    (`VLLM_CPU_OMP_THREADS_BIND`'s default); their union is the worker's set. Returns both sets, or None where there
+    is no worker, it may run anywhere, or a thread could not be moved."""
+    workers = [pid for pid in members if "Worker" in process_name(pid)]
+    if not workers:
+        return None
+    every = set(os.sched_getaffinity(0))
+    worker_cpus = set().union(*(os.sched_getaffinity(t) for pid in workers for t in threads_of(pid)))
+    others = every - worker_cpus
+    if not others:
+        return None
+    try:
+        for pid in [p for p in members if p not in workers] + [os.getpid()]:
+            for thread in threads_of(pid):
+                os.sched_setaffinity(thread, others)
+    except OSError:
+        return None
+    return {"worker": sorted(worker_cpus), "others": sorted(others)}
+
+
+def process_name(pid: int) -> str:
+    """The process's name as the kernel shows it (/proc/PID/comm: vLLM names its engine core and worker)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 def wait_shares(runs: list[dict[str, Any]]) -> list[float]:

@@ -38,7 +38,7 @@ LEFT_OUT = {
     "python benchmarks/vllm_closed_loop.py": "needs the vllm extra and runs for minutes "
     "(tests/hardware/test_vllm_real.py)",
     "python benchmarks/serving_closed_loop.py": "needs the vllm extra and runs for half an hour "
-    "(tests/hardware/test_vllm_serving.py)",
+    "(tests/hardware/test_vllm_serving_closed_loop.py runs it on two requests)",
     "python benchmarks/headroom.py": "runs for minutes; tests/project/test_benchmarks.py runs it (--out-dir) and "
     "compares it "
     "with the committed results",
