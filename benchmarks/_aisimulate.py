@@ -36,6 +36,7 @@ from _harness import loadavg, note, table  # noqa: E402
 from policies.vllm import VllmParams  # noqa: E402
 from sim.engine.arrivals import generated  # noqa: E402
 from sim.engine.serving import Arrival, ProfileCosts, SchedulerParams, ServingResult  # noqa: E402
+from sim.engine.serving.whole import available, python_form  # noqa: E402
 from sim.rows.serving import ServingRow, Slo, Variant, run_serving  # noqa: E402
 
 DRIVER = Path(__file__).resolve().with_name("_aisimulate_driver.py")
@@ -91,6 +92,13 @@ def serve(arrivals: Sequence[Arrival], profile: Any, setup: Setup) -> tuple[Serv
         load={},
         driver="recurrence",
     )
+
+
+def _timed_serve(arrivals: Sequence[Arrival], profile: Any, setup: Setup) -> dict[str, float]:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    _, timed = serve(arrivals, profile, setup)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {"wall_s": wall, "cpu_s": cpu, "simulated_s": timed.end_ms / 1000.0}
 
 
 def bisect_rate(running_at: Callable[[float], float], running: int) -> float:
@@ -284,13 +292,13 @@ def versus(
     value = scenario(result, setup, acceptance.conditional)
     load_before = loadavg()
     ours: list[dict[str, float]] = []
+    in_python: list[dict[str, float]] = []
     theirs: list[dict[str, Any]] = []
     for repeat in range(repeats):
-        note(f"vs aisimulate, repeat {repeat + 1}/{repeats}: draftlab, then aisimulate")
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        _, timed = serve(arrivals, profile, setup)
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        ours.append({"wall_s": wall, "cpu_s": cpu, "simulated_s": timed.end_ms / 1000.0})
+        note(f"vs aisimulate, repeat {repeat + 1}/{repeats}: draftlab, its Python form, then aisimulate")
+        ours.append(_timed_serve(arrivals, profile, setup))
+        with python_form():
+            in_python.append(_timed_serve(arrivals, profile, setup))
         theirs.append(run_driver(python, value, warm))
     load_after = loadavg()
     note("vs aisimulate: the every-step rates")
@@ -310,7 +318,7 @@ def versus(
         "load_after": load_after,
         "acceptance": acceptance.as_dict(),
     }
-    return head | _compared(row, result, ours, theirs, every)
+    return head | _compared(row, result, ours, in_python, theirs, every)
 
 
 def _aisimulate_times(theirs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -345,16 +353,30 @@ def _compared(
     row: ServingRow,
     result: ServingResult,
     ours: Sequence[dict[str, float]],
+    in_python: Sequence[dict[str, float]],
     theirs: Sequence[dict[str, Any]],
     every: dict[str, Any],
 ) -> dict[str, Any]:
-    """Both speeds, their ratio, and both predictions."""
+    """Both speeds, their ratio, and both predictions; draftlab's batched form in Python beside its compiled core."""
     simulated = ours[0]["simulated_s"]
     mine = spread([sim_rate(simulated, o["wall_s"]) for o in ours])
+    python_rates = spread([sim_rate(simulated, o["wall_s"]) for o in in_python])
     times = _aisimulate_times(theirs)
     headline = times.get("warm", times["cold"])["sim_s_per_wall_s"]["median"]
+    theirs_warm = [
+        statistics.median(r["wall_s"] for r in t["runs"][1:]) if len(t["runs"]) > 1 else t["runs"][0]["wall_s"]
+        for t in theirs
+    ]
     return {
         "sim_s_per_wall_s": mine["median"],
+        "compiled_core": available()[1],
+        "ratio_per_repeat": spread([w / o["wall_s"] for o, w in zip(ours, theirs_warm, strict=True)]),
+        "draftlab_in_python": {
+            "sim_s_per_wall_s": python_rates,
+            "wall_s": spread([o["wall_s"] for o in in_python]),
+            "cpu_s": spread([o["cpu_s"] for o in in_python]),
+            "ratio": python_rates["median"] / headline,
+        },
         "draftlab": {
             "driver": "recurrence",
             "simulated_s": simulated,
@@ -394,6 +416,11 @@ def print_versus(record: dict[str, Any]) -> None:
     ai = record["aisimulate"]
     rows = [
         ["draftlab (recurrence)", record["draftlab"]["sim_s_per_wall_s"], record["draftlab"]["wall_s"]],
+        [
+            "draftlab, batched form in Python",
+            record["draftlab_in_python"]["sim_s_per_wall_s"],
+            record["draftlab_in_python"]["wall_s"],
+        ],
         ["aisimulate warm", ai["warm"]["sim_s_per_wall_s"], ai["warm"]["wall_s"]] if "warm" in ai else None,
         ["aisimulate cold", ai["cold"]["sim_s_per_wall_s"], ai["cold"]["wall_s"]],
         ["aisimulate loop only", ai["loop_only"]["sim_s_per_wall_s"], ai["loop_only"]["wall_s"]]

@@ -16,10 +16,13 @@ side by side in each repetition, medians and spreads over repetitions, wall and 
 beside them. The KV cache is made large enough for 64 running requests (the CPU's 1 GiB holds about 40 of these);
 the scheduler is otherwise vLLM's CPU default, with `max_num_seqs` raised to twice `--running` above 64. The
 drivers run the engine in the form `sim.serve` picks (the batched form, sim/engine/serving/batched.py, where it
-applies: it does for this policy); the same run under the recurrence in the reference form (each request stepped by
-its own VllmRequest) is timed beside it, and the two rows are checked byte-equal. A study trial is the serving
+applies: it does for this policy; under the recurrence its compiled core, whole.py, where it is built, as the result's
+`compiled_core` says); the same run under the recurrence in the batched form in Python (`batched_in_python`) and in
+the reference form (each request stepped by its own VllmRequest) is timed beside it, and the rows are checked
+byte-equal. A study trial is the serving
 model at 4 load levels (1/8, 1/4, 1/2 and 1 times that rate, 200 requests each, the recurrence), as `sim.tune`
-runs one. Last, one run under cProfile, its own time grouped by stage.
+runs one. Last, one run of the simpy driver (the batched form in Python) under cProfile, its own time grouped by
+stage.
 
 With `--vs-aisimulate PYTHON` (a Python that has NVIDIA's aisimulate installed), also NVIDIA aisimulate's serving
 replay beside draftlab's serving model on one scenario, `vs_aisimulate` in the result (benchmarks/_aisimulate.py,
@@ -55,6 +58,7 @@ from sim.core.io import write_atomic  # noqa: E402
 from sim.engine.arrivals import collect_traces, generated  # noqa: E402
 from sim.engine.serving import ProfileCosts, SchedulerParams  # noqa: E402
 from sim.engine.serving.forms import batched_applies  # noqa: E402
+from sim.engine.serving.whole import available, python_form  # noqa: E402
 from sim.engine.serving_costs import read_serving_profile  # noqa: E402
 from sim.rows.config import make_config  # noqa: E402
 from sim.rows.replay import request_drafter  # noqa: E402
@@ -158,10 +162,14 @@ def measure(profile: Any, traces: list[Any], args: argparse.Namespace) -> dict[s
     load_before = loadavg()
     runs: dict[str, list[dict[str, Any]]] = {"simpy": [], "recurrence": []}
     reference: list[dict[str, Any]] = []
+    in_python: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
         for driver in runs:
             note(f"{profile.name}, repeat {repeat + 1}/{args.repeats}: {driver}")
             runs[driver].append(timed(arrivals, profile, driver))
+        note(f"{profile.name}, repeat {repeat + 1}/{args.repeats}: recurrence, batched form in Python")
+        with python_form():
+            in_python.append(timed(arrivals, profile, "recurrence"))
         if args.reference:
             note(f"{profile.name}, repeat {repeat + 1}/{args.repeats}: recurrence, reference form")
             reference.append(timed(arrivals, profile, "recurrence", form="reference"))
@@ -202,6 +210,7 @@ def measure(profile: Any, traces: list[Any], args: argparse.Namespace) -> dict[s
         "where_the_time_goes": breakdown,
         "form": engine_form(arrivals, profile),
         "reference_form": forms_side_by_side(runs["recurrence"], reference),
+        "batched_in_python": forms_side_by_side(runs["recurrence"], in_python),
     }
 
 
@@ -214,8 +223,9 @@ def engine_form(arrivals: list[Any], profile: Any) -> str:
 
 
 def forms_side_by_side(batched: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The reference form's recurrence runs beside the drivers' recurrence runs: its speed, the ratio of walls
-    (per repetition, median) and whether every run's row was the same bytes."""
+    """Another form's recurrence runs (the reference form's, or the batched form's in Python) beside the drivers'
+    recurrence runs (the compiled core's where it is built): its speed, the ratio of walls (per repetition, median)
+    and whether every run's row was the same bytes."""
     if not reference:
         return None
     return {
@@ -297,6 +307,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "command": command_line(__file__),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "pinned_one_core": pinned},
+        "compiled_core": available()[1],
         "policy": {"name": POLICY.name, "values": POLICY.values},
         "scheduler": {
             "kv_cache_tokens": SCHEDULER.kv_cache_tokens,
@@ -333,7 +344,13 @@ def main() -> int:
                 f"{one['form']} form is {side['wall_over_drivers_recurrence']:.1f}x faster; rows equal: "
                 f"{side['rows_equal']}"
             )
-        print(f"study trial, 4 levels x 200 requests: {one['study_trial']['wall_s']['median']:.2f} s (median)")
+        python_side = one["batched_in_python"]
+        print(
+            f"batched form in Python, recurrence: {python_side['sim_s_per_wall_s']['median']:.1f} sim s / wall s; "
+            f"the drivers' recurrence ({result['compiled_core']}) is "
+            f"{python_side['wall_over_drivers_recurrence']:.1f}x faster; rows equal: {python_side['rows_equal']}"
+        )
+        print(f"study trial, 4 levels x 200 requests: {one['study_trial']['wall_s']['median']:.3f} s (median)")
         print(
             table(["stage", "share of time"], [[b["stage"], f"{b['share']:.1%}"] for b in one["where_the_time_goes"]])
         )

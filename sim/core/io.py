@@ -30,6 +30,21 @@ MAX_INT_DIGITS = 30  # token ids and counts fit in 20 digits; Python refuses ove
 MAX_YAML_ALIASES = 100  # a hand-written spec needs few; nested ones can multiply a small file into billions of nodes
 
 
+def cache_folder() -> Path | None:
+    """draftlab's cache: `$DRAFTLAB_CACHE` if set, else `$XDG_CACHE_HOME/draftlab` (an absolute one, as XDG asks),
+    else `~/.cache/draftlab`; None with no HOME to put it in (and no passwd entry)."""
+    own = os.environ.get("DRAFTLAB_CACHE", "")
+    if own.strip():
+        return Path(own).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg.strip() and os.path.isabs(xdg):
+        return Path(xdg) / "draftlab"
+    try:
+        return Path.home() / ".cache" / "draftlab"
+    except RuntimeError:
+        return None
+
+
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Write through a temporary file in the same folder, then rename it into place: never half a file."""
     target = Path(path)

@@ -10,6 +10,7 @@ of a key in the YAML file a mapping came from, so errors can point at it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -69,15 +70,21 @@ def fields_of(cls: type) -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The class's resolved field types, once per class (resolving them evaluates every annotation anew)."""
+    return typing.get_type_hints(cls)
+
+
 def value_type(cls: type, name: str) -> type:
     """A field's type, Optional unwrapped (`float | None` -> float)."""
-    kind = typing.get_type_hints(cls)[name]
+    kind = _hints(cls)[name]
     args = typing.get_args(kind)
     return next(a for a in args if a is not type(None)) if type(None) in args else kind
 
 
 def is_optional(cls: type, name: str) -> bool:
-    return type(None) in typing.get_args(typing.get_type_hints(cls)[name])
+    return type(None) in typing.get_args(_hints(cls)[name])
 
 
 def coerce(cls: type, name: str, value: Any, typed: bool = False) -> Any:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sim.core.errors import ModelError
+from sim.core.io import cache_folder
 
 TORCH_EXTRA = "pip install -e '.[torch]'"
 INFO_FILE = "draftlab-model.json"
@@ -116,19 +117,11 @@ def entry(name: str) -> Entry:
 
 
 def cache_root() -> Path:
-    """`$DRAFTLAB_CACHE` if set, else `$XDG_CACHE_HOME/draftlab` (an absolute one, as XDG asks), else
-    `~/.cache/draftlab`."""
-    own = os.environ.get("DRAFTLAB_CACHE", "")
-    if own.strip():
-        return Path(own).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if xdg.strip() and os.path.isabs(xdg):
-        return Path(xdg) / "draftlab"
-    try:
-        home = Path.home()
-    except RuntimeError:  # no HOME and no passwd entry
-        raise ModelError("no cache folder: HOME is not set; set DRAFTLAB_CACHE to a folder for models") from None
-    return home / ".cache" / "draftlab"
+    """The cache folder (sim.core.io `cache_folder`), else a `ModelError`."""
+    root = cache_folder()
+    if root is None:  # no HOME and no passwd entry
+        raise ModelError("no cache folder: HOME is not set; set DRAFTLAB_CACHE to a folder for models")
+    return root
 
 
 def model_dir(name: str, cache: str | os.PathLike[str] | None = None) -> Path:

@@ -30,9 +30,11 @@ from sim.engine.serving import (
     make_engine,
     recurrence,
     simulate,
+    whole,
 )
 from sim.engine.serving.book import BatchedLive, Log, by_request
 from sim.engine.serving.tables import answers_of, tabulate
+from sim.engine.serving.whole import CoreLive
 from sim.engine.serving_costs import read_serving_profile
 from sim.engine.trace import Trace
 from sim.rows.config import make_config
@@ -82,8 +84,11 @@ def assert_same(reference, batched) -> None:
     """Every field of two runs' results, each request's state and records, bit for bit."""
     assert dataclasses.replace(reference, requests=[]) == dataclasses.replace(batched, requests=[])
     assert len(reference.requests) == len(batched.requests)
+    # What the row reads of the emits (each form reads them its own way: per request, from the book, from the core)
+    (counts, itls), (their_counts, their_itls) = emitted_and_itls(reference), emitted_and_itls(batched)
+    assert counts == their_counts and np.asarray(itls, dtype=np.float64).tolist() == np.asarray(their_itls).tolist()
     for mine, theirs in zip(reference.requests, batched.requests, strict=True):
-        assert isinstance(theirs, BatchedLive) and not isinstance(mine, BatchedLive)
+        assert isinstance(theirs, BatchedLive | CoreLive) and not isinstance(mine, BatchedLive | CoreLive)
         for name in LIVE_FIELDS:
             a, b = getattr(mine, name), getattr(theirs, name)
             assert a == b or (isinstance(a, float) and equal_floats(a, b)), (name, mine.rid, a, b)
@@ -103,14 +108,24 @@ def both(
     policy, costs, scheduler, drafter, arrivals, driver=recurrence, max_tokens=None, max_concurrency=None, small=None
 ):
     """The reference form's run and the batched form's, the latter with rows as Python lists up to `small` running
-    requests (0: arrays whenever any run; a large number: lists always; None: the class's own line)."""
-    results = []
-    for form in (Engine, BatchedEngine):
+    requests (0: arrays whenever any run; a large number: lists always; None: the class's own line). Where the
+    compiled core serves the run (whole.py: the recurrence, no client cap), the batched form's Python run is held
+    equal to the reference here, and the compiled run is the one returned."""
+
+    def run(form):
         engine = form(make_speculation(*policy), costs, scheduler, drafter, keep_steps=True, max_tokens=max_tokens)
         if small is not None and isinstance(engine, BatchedEngine):
             engine.small = small
-        results.append(driver(engine, arrivals, None, max_concurrency))
-    return results
+        return driver(engine, arrivals, None, max_concurrency)
+
+    reference = run(Engine)
+    if driver is recurrence and max_concurrency is None and costs.frontend is None and whole.available()[0]:
+        with whole.python_form():
+            assert_same(reference, run(BatchedEngine))
+        compiled = run(BatchedEngine)
+        assert all(isinstance(live, CoreLive) for live in compiled.requests)
+        return reference, compiled
+    return reference, run(BatchedEngine)
 
 
 SMALL = st.sampled_from([None, 0, 3, 1 << 20])  # where the batched form switches between lists and arrays

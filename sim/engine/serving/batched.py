@@ -54,10 +54,11 @@ from sim.engine.serving.columns import (
 )
 from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
 from sim.engine.serving.pricing import StepCosts
-from sim.engine.serving.requests import Arrival, Live
+from sim.engine.serving.requests import Arrival, Live, distinct_traces
 from sim.engine.serving.small import Entry, RowStep, complete_rows, verify_rows
 from sim.engine.serving.tables import TraceTable, answers_of, table_for
 from sim.engine.serving.vllm_v1 import SchedulerParams, VllmV1Scheduler
+from sim.engine.serving.whole import run_whole
 from sim.engine.serving_costs import StepShape
 from sim.engine.trace import Trace
 from sim.engine.vllm import VllmRequest
@@ -182,6 +183,18 @@ class BatchedEngine:
     def _table(self, trace: Trace) -> tuple[TraceTable, int]:
         known = self.tables.get(id(trace))
         if known is None:
+            self._tabulate([trace])
+            known = self.tables[id(trace)]
+        return known[1], known[2]
+
+    def _tabulate(self, traces: Sequence[Trace]) -> None:
+        """Tables for every trace of `traces` not yet tabulated, appended to the run's arrays in one concatenation
+        (one per trace would copy the arrays again each time)."""
+        tables = []
+        offset = len(self.avail_all)
+        for trace in traces:
+            if id(trace) in self.tables:
+                continue
             if self.max_k:
                 table = table_for(trace, self.drafter(trace), self.max_k)  # type: ignore[arg-type]
             else:  # nothing is drafted: the tables are never read past their zeros
@@ -189,18 +202,20 @@ class BatchedEngine:
                 answers = answers_of(trace)
                 prompt = len(trace.prompt_tokens)
                 table = TraceTable(avail=zeros, match=zeros, answers=answers, known_total=len(answers), prompt=prompt)
-            offset = len(self.avail_all)
-            self.avail_all = np.concatenate([self.avail_all, table.avail])
-            self.match_all = np.concatenate([self.match_all, table.match])
+            self.tables[id(trace)] = (trace, table, offset)  # the trace is kept: its id stays its own
+            offset += len(table.avail)
+            tables.append(table)
+        if tables:
+            self.avail_all = np.concatenate([self.avail_all, *(t.avail for t in tables)])
+            self.match_all = np.concatenate([self.match_all, *(t.match for t in tables)])
             self.avail_list, self.match_list = self.avail_all.tolist(), self.match_all.tolist()
-            known = self.tables[id(trace)] = (trace, table, offset)  # the trace is kept: its id stays its own
-        return known[1], known[2]
 
     def check(self, arrivals: Sequence[Arrival]) -> None:
         """Refuse what the reference refuses, and tabulate every trace once before the run."""
-        for trace in {id(a.trace): a.trace for a in arrivals}.values():
+        traces = distinct_traces(arrivals)
+        for trace in traces:
             self.checks.check_request(trace)
-            self._table(trace)
+        self._tabulate(traces)
 
     def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live:
         """As `Engine.arrive`: a request at the back of the waiting queue, in the system from its arrival."""
@@ -647,9 +662,16 @@ class BatchedEngine:
         self.policy.finish(live.rid)
         self.meter.leave()
 
-    def ended(self) -> ServingResult:
+    def run_whole(self, arrivals: Sequence[Arrival]) -> ServingResult | None:
+        """The whole run in compiled code (whole.py), `arrivals` in sending order, before any has arrived; None
+        where it does not serve (then the drivers step this engine)."""
+        if self.meter.result.requests or self.meter.result.step_count:
+            return None
+        return run_whole(self, arrivals)
+
+    def ended(self, finishes: Sequence[float] | None = None) -> ServingResult:
         """The run's result, once every request has finished; each request's records are built when read."""
         self.book.closed = True
-        result = self.meter.ended(self.preemptions)
+        result = self.meter.ended(self.preemptions, finishes)
         result.emit_log = self.book.emit_log
         return result

@@ -35,8 +35,11 @@ class Log:
         self.nonzero = nonzero  # a column whose rows count only where it is not 0
         self._all = np.ones(0, dtype=np.int64)  # a mask that keeps every row, for a masked log's unmasked blocks
         self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self.adopted: np.ndarray | None = None  # `adopt`'s block
 
     def add(self, *columns: np.ndarray, keep: np.ndarray | None = None) -> None:
+        if self.adopted is not None:
+            raise ValueError("a log that adopted a whole run's rows takes no more")
         if self.pending:
             self._flush()
         if self.masked:
@@ -49,7 +52,17 @@ class Log:
             raise ValueError("a mask needs a masked log")
         self.blocks.append(np.array(columns, dtype=np.int64))  # a copy: the state's columns change after
 
+    def adopt(self, block: np.ndarray) -> None:
+        """Take a whole run's rows as they are, in the order made (the compiled core's logs, whole.py): one array of
+        `columns` rows, of any integer type, every row counting and none 0 in the `nonzero` column. It is then the
+        log's only block."""
+        if self.blocks or self.pending or len(block) != self.columns:
+            raise ValueError("a log adopts one whole block of its columns, and nothing else")
+        self.adopted = block
+
     def add_rows(self, rows: list[tuple[int, ...]]) -> None:
+        if self.adopted is not None:
+            raise ValueError("a log that adopted a whole run's rows takes no more")
         self.pending += rows
 
     def _flush(self) -> None:
@@ -61,6 +74,8 @@ class Log:
 
     def rows(self) -> np.ndarray:
         """Every row, in the order added."""
+        if self.adopted is not None:
+            return self.adopted.T
         if self.pending:
             self._flush()
         if not self.blocks:
@@ -104,6 +119,12 @@ class Book:
         # Each step's output chunks (requests, tokens streamed), appended while a frontend reads them (frontend.py).
         self.outputs: list[tuple[list[int], list[int]]] | None = None
         self._emits: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # Fills `verifies` and `lookups` when a request's records are first read (a compiled run's, whole.py)
+        self.log_records: Callable[[Book], None] | None = None
+
+    def final_of(self, rid: int) -> tuple[int, int, int, int, int, tuple[int, ...]]:
+        """A finished request's last state (`final`; a compiled run, whole.py, reads it from its rows instead)."""
+        return self.final[rid]
 
     def emitted(self, rids: np.ndarray, streamed: np.ndarray, end: float) -> None:
         """A step that ended at `end` streamed `streamed` tokens to each of `rids` (some may be 0)."""
@@ -142,7 +163,10 @@ class Book:
 
     def request_of(self, live: Live, make: Callable[[Live], VllmRequest]) -> VllmRequest:
         """`live`'s `VllmRequest` as the reference form leaves it when the request has finished."""
-        emitted, position, eos, unknown_steps, unknown_tail, answers = self.final[live.rid]
+        if self.log_records is not None:  # a compiled run logs each request's records when first asked for
+            log, self.log_records = self.log_records, None
+            log(self)
+        emitted, position, eos, unknown_steps, unknown_tail, answers = self.final_of(live.rid)
         request = make(live)
         rows, starts = self.verifies.frozen(self.requests)
         mine = rows[starts[live.rid] : starts[live.rid + 1]]

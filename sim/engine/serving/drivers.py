@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import simpy
 
 from sim.core.errors import ConfigError
@@ -40,10 +42,15 @@ class AnyEngine(Protocol):
 
 
 def _ordered(arrivals: Sequence[Arrival]) -> list[Arrival]:
-    times = [a.time_s for a in arrivals]
-    if any(not math.isfinite(t) or t < 0 for t in times):
+    times = np.fromiter(map(_TIME, arrivals), dtype=np.float64, count=len(arrivals))
+    if not np.isfinite(times).all() or (times < 0).any():
         raise ConfigError("arrival times must be finite and >= 0 seconds")
-    return sorted(arrivals, key=lambda a: a.time_s)  # stable: equal times keep their order
+    if not (times[1:] < times[:-1]).any():  # in order already (as generated arrivals are): the sort would keep it
+        return list(arrivals)
+    return sorted(arrivals, key=_TIME)  # stable: equal times keep their order
+
+
+_TIME = operator.attrgetter("time_s")
 
 
 class Client:
@@ -190,6 +197,11 @@ def recurrence(
     client = Client(arrivals, max_concurrency)
     if engine.costs.frontend is not None:
         return _recurrence_fronted(engine, client, Frontend(engine.costs.frontend), progress)
+    whole = getattr(engine, "run_whole", None)  # the batched form's compiled core (whole.py), where it serves
+    if whole is not None and max_concurrency is None and progress is None:
+        result = whole(list(client.queue))
+        if result is not None:
+            return result
     now = 0.0
     stalls = 0
     while client.pending or not engine.idle:

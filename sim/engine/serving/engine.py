@@ -13,7 +13,7 @@ from sim.core.protocols import Engine as ReplayEngine
 from sim.engine.engines import SERVING_ENGINE, engine_named
 from sim.engine.serving.metrics import Meter, ServingResult, StepRecord
 from sim.engine.serving.pricing import StepCosts
-from sim.engine.serving.requests import Arrival, Live, SchedulerOutput
+from sim.engine.serving.requests import Arrival, Live, SchedulerOutput, distinct_traces
 from sim.engine.serving.scheduler import SCHEDULERS, Scheduler
 from sim.engine.trace import Trace
 
@@ -66,7 +66,7 @@ class Engine:
 
     def check(self, arrivals: Sequence[Arrival]) -> None:
         """Refuse, before the run starts, any request the scheduler would refuse on arrival."""
-        for trace in {id(a.trace): a.trace for a in arrivals}.values():
+        for trace in distinct_traces(arrivals):
             self.scheduler.check_request(trace)
 
     def arrive(self, arrival: Arrival, now_ms: float, sent_ms: float | None = None) -> Live:

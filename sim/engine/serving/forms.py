@@ -13,7 +13,7 @@ from sim.engine.engines import SERVING_ENGINE, engine_named
 from sim.engine.serving.batched import BatchedEngine, uniform_k
 from sim.engine.serving.engine import Engine
 from sim.engine.serving.pricing import ProfileCosts, StepCosts
-from sim.engine.serving.requests import Arrival
+from sim.engine.serving.requests import Arrival, distinct_traces
 from sim.engine.serving.tables import tabulable
 from sim.engine.serving.vllm_v1 import SchedulerParams
 from sim.engine.trace import Trace
@@ -35,7 +35,7 @@ def batched_applies(
         return False
     if not policy.speculates:
         return True
-    traces = {id(a.trace): a.trace for a in arrivals}.values()
+    traces = distinct_traces(arrivals)
     return all(tabulable(trace, drafter(trace)) for trace in traces)
 
 

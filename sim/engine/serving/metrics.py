@@ -44,6 +44,24 @@ class ServingResult:
     # The batched form's emits as arrays (request, time, tokens; by request, then step), for `summarize` to read
     # without a Python loop per emit; None from the reference form (book.py).
     emit_log: Callable[[], tuple[Any, Any, Any]] | None = field(default=None, compare=False, repr=False)
+    # The compiled core's per-request numbers as arrays (whole.py), in request order, for `summarize` and `backlog`
+    # to read without an attribute per request: arrival_ms, first_ms, finish_ms (float64), drafted, accepted
+    # (int64); and what `emitted_and_itls` makes of the emits: emitted (int64, per request) and itl_ms (float64, by
+    # request then emit). None: read them from `requests` and the emits.
+    arrays: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def request_arrays(self) -> dict[str, Any]:
+        """Each request's arrival, first token and finish times and its drafted and accepted tokens, as arrays."""
+        if self.arrays is not None:
+            return self.arrays
+        lives = self.requests
+        return {  # without the emits' "emitted" and "itl_ms": `emitted_and_itls` makes those
+            "arrival_ms": np.array([live.arrival_ms for live in lives], dtype=np.float64),
+            "first_ms": np.array([live.first_ms for live in lives], dtype=np.float64),
+            "finish_ms": np.array([live.finish_ms for live in lives], dtype=np.float64),
+            "drafted": np.array([live.drafted for live in lives], dtype=np.int64),
+            "accepted": np.array([live.accepted for live in lives], dtype=np.int64),
+        }
 
 
 class Meter:
@@ -85,11 +103,14 @@ class Meter:
         by_size[sequences] = by_size.get(sequences, 0.0) + (end - start_ms)
         result.step_count += 1
 
-    def ended(self, preemptions: int) -> ServingResult:
-        """The run's result: it ends when its last request finished."""
+    def ended(self, preemptions: int, finishes: Sequence[float] | None = None) -> ServingResult:
+        """The run's result: it ends when its last request finished (`finishes`: every request's finish time,
+        where the caller has them as a list)."""
         result = self.result
         result.preemptions = preemptions
-        result.end_ms = max((live.finish_ms for live in result.requests), default=0.0)
+        if finishes is None:
+            finishes = [live.finish_ms for live in result.requests]
+        result.end_ms = max(finishes, default=0.0)
         return result
 
 
@@ -113,13 +134,11 @@ class Backlog:
         return self.arrived >= SATURATION_MIN_ARRIVALS and self.finished < SATURATION_SHARE * self.arrived
 
 
-def backlog(requests: list[Live]) -> Backlog:
-    """The second half of the arrival window's arrivals and completions (a saturated run finishes fewer)."""
-    if not requests:
+def backlog_of(arrivals: np.ndarray, finishes: np.ndarray) -> Backlog:
+    """The second half of the arrival window's arrivals and completions (a saturated run finishes fewer), from every
+    request's arrival and finish times (ms, in request order; NaN: not finished)."""
+    if not len(arrivals):
         return Backlog(0, 0)
-    # One pass over the requests for each field, the counting in numpy (thousands of requests per run).
-    arrivals = np.array([live.arrival_ms for live in requests], dtype=np.float64)
-    finishes = np.array([live.finish_ms for live in requests], dtype=np.float64)
     first, last = float(arrivals.min()), float(arrivals.max())
     half = (first + last) / 2
     arrived = int(np.count_nonzero(arrivals > half))

@@ -4,6 +4,8 @@ scheduled request (`Entry`) and a step's schedule (`SchedulerOutput`, by vLLM's 
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,15 @@ class Arrival:
 
     time_s: float
     trace: Trace
+
+
+def distinct_traces(arrivals: Sequence[Arrival]) -> list[Trace]:
+    """Each trace the arrivals replay, once (the same object, by identity), in order of first arrival."""
+    traces = list(map(_TRACE, arrivals))
+    return list(dict(zip(map(id, traces), traces, strict=True)).values())
+
+
+_TRACE = operator.attrgetter("trace")
 
 
 class Live:
