@@ -213,8 +213,12 @@ def test_counters_equal_vllms_step_by_step(recorded, raw):
 def test_measure_writes_a_profile_the_replay_reads(smol, tmp_path):
     out = tmp_path / "vllm-cpu.yaml"
     command = [sys.executable, "-m", "sim.measure", "--engine", "vllm", "--model", SMOL, "--max-width", "3"]
-    command += ["--contexts", "64,128", "--steps", "4,8", "--rounds", "1", "--out", str(out)]
+    command += ["--contexts", "64,128", "--steps", "4,8", "--rounds", "3", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if done.returncode != 0 and "make no profile" in done.stderr:
+        # The measurement's own refusal when a width's step times sink into the noise (a 135M model's widths 1..3
+        # differ by little on two shared cores): what a user is told to do, measure again, once.
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     from sim.engine.costs import load_profile
 

@@ -17,7 +17,7 @@ from policies.vllm import VllmParams
 from sim.engine.arrivals import collect_traces, generated
 from sim.engine.serving import ProfileCosts, SchedulerParams, whole
 from sim.engine.serving.whole import CoreLive
-from sim.engine.serving_costs import read_serving_profile
+from sim.engine.serving_costs import ServingProfile, read_serving_profile
 from sim.rows.serving import Slo, Variant, emitted_and_itls, run_serving
 from tests.serving.test_serving import CORPUS
 
@@ -184,3 +184,41 @@ def test_the_columns_core_c_names_are_the_rows_columns():
     enum = source[source.index("enum {\n    RID") : source.index("COLUMNS\n};")]
     names = [name.strip() for name in enum.replace("enum {", "").replace("\n", " ").split(",") if name.strip()]
     assert names == whole._COLUMNS
+
+
+def test_steps_that_end_before_time_zero_keep_their_inter_token_latencies(traces):
+    # A profile's grid may fall, and its last slope goes on beyond it: a long prefill then costs less than nothing
+    # and the clock runs backwards. Nonsense as a price, but the core must still give what the Python form gives
+    # (it once took a step ending below 0 for "no emit yet").
+    falling = ServingProfile(
+        name="falling",
+        forward_tokens=(1, 2),
+        forward_ms=(10.0, 1.0),
+        kv_ms_per_token=0.0,
+        attention_ms_per_pair=0.0,
+        step_ms=0.0,
+        sequence_ms=0.0,
+        draft_ms=0.0,
+    )
+    arrivals = generated(traces, rate=5.0, requests=12, seed=4)
+
+    def run():
+        return run_serving(
+            arrivals,
+            VARIANTS[1],
+            costs=ProfileCosts(falling),
+            profile_meta={"name": "falling"},
+            scheduler=TIGHT,
+            drafter=DRAFTER,
+            slo=Slo(),
+            load={},
+            driver="recurrence",
+        )
+
+    with whole.python_form():
+        row_p, python = run()
+    row_c, compiled = run()
+    assert isinstance(compiled.requests[0], CoreLive)
+    assert min(live.first_ms for live in python.requests) < 0  # the case: steps that end before 0
+    assert_same_as_python(python, compiled)
+    assert row_bytes(row_p) == row_bytes(row_c)

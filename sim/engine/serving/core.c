@@ -13,6 +13,7 @@
    drafts); and each step's start, end and record. whole.py refuses runs whose numbers could pass 2^31. A log that would overflow its buffer stops the run (status FULL): the caller retries with
    larger buffers. */
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -327,11 +328,12 @@ int64_t draftlab_serve_core(
         itl_at[r] = n_itl;
         n_itl += streamed_total[r] - first;
     }
-    for (int64_t r = 0; r < n_req; r++) last_end[r] = -1.0; /* no emit yet (step ends are >= 0) */
+    /* NaN: no emit yet (a step's end may be any number: a profile's grid may fall, and its slope beyond it) */
+    for (int64_t r = 0; r < n_req; r++) last_end[r] = NAN;
     for (int64_t i = 0; i < n_emits; i++) {
         int64_t r = emits[i], count = emits[2 * log_cap + i];
         double end = step_times[2 * emits[log_cap + i] + 1];
-        if (last_end[r] >= 0.0) {
+        if (!isnan(last_end[r])) {
             double gap = (end - last_end[r]) / (double)count;
             double *to = itl_ms + itl_at[r];
             for (int64_t c = 0; c < count; c++) to[c] = gap;

@@ -18,6 +18,7 @@ import hashlib
 import math
 import operator
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -77,9 +78,10 @@ def _build() -> tuple[Any, str]:
     cache = cache_folder()
     if cache is None:
         return None, "no cache folder for the compiled core (no HOME): set DRAFTLAB_CACHE"
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     try:
+        source = SOURCE.read_bytes()
+        # One library per source, compiler, flags and machine: a cache shared across architectures keeps each.
+        digest = hashlib.sha256(source + " ".join((compiler, *FLAGS, platform.machine())).encode()).hexdigest()[:16]
         folder = cache / "compiled"
         target = folder / f"serve-core-{digest}.so"
         if not target.exists():
@@ -94,6 +96,7 @@ def _build() -> tuple[Any, str]:
                 )
                 if done.returncode != 0:
                     return None, f"{compiler} failed: {done.stderr.strip()[-300:]}"
+                os.chmod(partial, 0o755)  # mkstemp's 0600 would keep it from the other users of a shared cache
                 os.replace(partial, target)
             finally:
                 if os.path.exists(partial):
@@ -219,6 +222,7 @@ class Core:
         k_values = [0] + [engine.k_at(b) for b in range(1, self.span)]  # the K of a step of b requests
         self.k_at = np.asarray(k_values, dtype=np.int64)
         self.k_size = max(k_values) + 1
+        self.serves = min(k_values) >= 0  # the core counts K by index: a policy's negative K stays in Python
         profile = engine.costs.profile  # a ProfileCosts: forms.py's condition
         self.grid = np.asarray(profile.forward_tokens, dtype=np.int64)
         self.grid_ms = np.asarray(profile.forward_ms, dtype=np.float64)
@@ -363,6 +367,8 @@ def run_whole(engine: Any, arrivals: Sequence[Arrival]) -> ServingResult | None:
     if n >= 1 << 30 or int(base[:, TLEN].max()) + int(base[:, PLEN].max()) >= 1 << 30:
         return None
     core = Core(engine, arrivals, base)
+    if not core.serves:
+        return None
     out = core.run(records=False)
     if out is None:
         return None
