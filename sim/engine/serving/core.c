@@ -9,9 +9,11 @@
    -ffp-contract=off), so the results are equal to the last bit; tests/serving/test_whole.py holds them equal.
 
    It writes what the Python forms write into their books, as logs of int32 columns: each emit (request, step,
-   tokens), each verify (request, drafts, accepted, landed, emitted before), each lookup (request, verifies before,
-   drafts); and each step's start, end and record. whole.py refuses runs whose numbers could pass 2^31. A log that would overflow its buffer stops the run (status FULL): the caller retries with
-   larger buffers. */
+   tokens) in the order made, and, only when asked (`records_wanted`: whole.py runs the core a second time when a
+   request's records are first read), each verify (request, drafts, accepted, landed, emitted before) and each lookup
+   (request, verifies before, drafts); each step's start, end and record; each request's tokens streamed and every
+   inter-token latency, as sim/rows/serving.py orders them. whole.py refuses runs whose numbers could pass 2^31. A log
+   that would overflow its buffer stops the run (status FULL): the caller runs it again with twice the room. */
 
 #include <math.h>
 #include <stdint.h>
@@ -24,11 +26,11 @@ enum {
 };
 enum { BUSY, FIRST, FLOATS };
 
-/* Scheduler and policy settings, in this order (whole.py `_SETTINGS`). */
+/* Scheduler and policy settings, in this order (whole.py `Core.settings`). */
 enum { MAX_NUM_SEQS, MAX_BATCHED, BLOCK_SIZE, MAX_MODEL_LEN, TOTAL_BLOCKS, CHUNKED, MAX_K, KEEP_STEPS, SETTINGS };
-/* Profile coefficients, in this order (whole.py `_COSTS`). */
+/* Profile coefficients, in this order (whole.py `Core.costs`). */
 enum { KV_MS, ATTENTION_MS, STEP_MS, SEQUENCE_MS, DRAFT_MS, COSTS };
-/* What the run counts, in this order (whole.py `_COUNTS`). */
+/* What the run counts, in this order (whole.py reads `counts` in it). */
 enum { N_STEPS, N_EMITS, N_VERIFIES, N_LOOKUPS, N_PREEMPTIONS, N_FINISHED, N_ITL, COUNTS };
 /* The meter's floats (metrics.py `Meter`), in this order. */
 enum { IN_SYSTEM_MS, BATCH_MS, BUSY_MS, CLOCK_MS, METER };
