@@ -240,6 +240,7 @@ def write_confirm(
     closed loop's result file `out`, and a benchmark's own `extra` keys) written to `target`; returns the path
     written. A file that appeared there while the run ran is kept without --force: the confirmation then goes beside
     it, NAME.TIME.json."""
+    made: dict[str, Any] = {key: result[key] for key in ("confirmation", "accuracy") if key in result}
     confirm = {
         **(extra or {}),
         "command": result["command"],
@@ -247,6 +248,7 @@ def write_confirm(
         "rates": result["rates"],
         "comparisons": result["comparisons"],
         "rankings": result["rankings"],
+        **made,  # the verdicts and the accuracy table, where the closed loop made them (vLLM's)
         "closed_loop": str(out),
     }
     if target.exists() and not force:

@@ -78,19 +78,6 @@ def prompt(length: int, index: int) -> list[int]:
     return [FIRST_ID + (i + index) % CYCLE for i in range(length)]
 
 
-class ProbedServer(Server):
-    """`Server` with the probe in its API process."""
-
-    def __init__(self, *args: Any, probe_log: Path, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.probe_log = probe_log
-
-    def build_command(self) -> list[str]:
-        command = super().build_command()
-        at = command.index("-m") + 1
-        return [*command[:at], "sim.hardware.vllm.frontend_probe", str(self.probe_log), "--", *command[at + 1 :]]
-
-
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -206,7 +193,7 @@ def join(records: list[dict[str, Any]], handler: dict[str, float], steps: list[d
     by_tag: dict[str, list[tuple[float, int, int, float, float]]] = {}
     queued: dict[str, float] = {}
     for step in steps:
-        for rank, (rid, tokens, at, _) in enumerate(step["out"]):
+        for rank, (rid, tokens, at, *_) in enumerate(step["out"]):
             tag = rid.split("cmpl-", 1)[-1].split("-", 1)[0]
             if at is not None:
                 queued.setdefault(tag, at)
@@ -299,7 +286,7 @@ def profile_decode_ms(profile: Any, records: list[dict[str, Any]]) -> float | No
 def measure_config(model_dir: str, name: str, repeats: int, log_dir: Path, pinned_run: bool) -> dict[str, Any]:
     probe = log_dir / f"probe-{name}.jsonl"
     probe.write_text("")
-    with ProbedServer(model_dir, speculative=CONFIGS[name], probe_log=probe, log_path=log_dir / f"{name}.log") as srv:
+    with Server(model_dir, speculative=CONFIGS[name], probe_log=probe, log_path=log_dir / f"{name}.log") as srv:
         pinned = pin(srv) if pinned_run else None
         note(
             f"{name}: pinned {pinned}" if pinned else f"{name}: vLLM's own placement (the worker bound, the rest free)"

@@ -7,6 +7,8 @@ replies must equal the traces vLLM recorded offline without speculation, token f
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import ROOT
 
@@ -133,6 +135,10 @@ def test_engine_steps_are_read_from_the_scheduler(smol):
 
     run = in_fresh_process(engine_samples, str(smol[0]), 2, {64: 2}, 0)
     assert run["scheduler"]["async_scheduling"] is False and run["scheduler"]["enable_chunked_prefill"] is True
+    if len(os.sched_getaffinity(0)) >= 2:  # placed as a server is: the worker on its bound cores, the rest apart
+        placement = run["placement"]
+        assert placement["worker"] and placement["others"] and not set(placement["worker"]) & set(placement["others"])
+        assert sorted(placement["processes"].values()).count("worker") == 1
     samples = run["samples"]
     # request 0 alone (its prefill), then request 1's prefill beside request 0's first decode, then decodes
     assert samples[0]["pieces"] == [[0, 64, 0]] and samples[0]["drafting"] == 1

@@ -42,9 +42,35 @@ def test_passes_rotate_the_configurations_and_record_the_servers_cpu(smol, tmp_p
             assert len(processes) >= 2 and all(p["name"] and p["cpu_s"] >= 0 for p in processes), label
             assert sum(p["cpu_s"] for p in processes) == pytest.approx(run["server_cpu_s"], abs=0.01), label
             assert isinstance(run["prioritized"], bool) and not run["mismatched"] and not run["errors"], label
+            if len(os.sched_getaffinity(0)) >= 2:  # the worker on its bound core, the rest on the others
+                pinned = run["pinned"]
+                assert pinned and pinned["worker"] and pinned["others"], label
+                assert not set(pinned["worker"]) & set(pinned["others"]), label
+            # the engine core's own timestamps of every request, from its send: queued, scheduled, first and last
+            # token's steps, in that order
+            engine = run["engine"]
+            assert len(engine["requests"]) == 2 and engine["steps"] >= 3, label
+            for queued, scheduled, first, last in engine["requests"]:
+                assert 0 < queued <= scheduled <= first < last, label
+            assert engine["frontend_ms"] > 0 and engine["tpot_ms"] > 0 and engine["stream_ms"] > 0, label
     for key, comparison in result["comparisons"].items():
         shares = [r["server_waited_s"] / r["wall_s"] for r in runs[key]]
         assert comparison["server_wait_share"] == pytest.approx(sorted(shares)[0] / 2 + sorted(shares)[1] / 2)
         assert comparison["parity"], key
     header = next(line for line in out.with_suffix(".md").read_text().splitlines() if line.startswith("config"))
     assert header.split()[-1] == "wait"
+    # the accuracy table: every metric over the two points, a target where the table has one
+    accuracy = result["accuracy"]
+    assert len(accuracy) == 13 and all(a["points"] == 2 for a in accuracy.values())
+    assert {m for m, a in accuracy.items() if a["target"] is not None} == {
+        "throughput",
+        "tpot_mean",
+        "tpot_p99",
+        "ttft_mean",
+    }
+    # without a study: the speculating server against none, paired by pass
+    (check,) = result["confirmation"]
+    assert (check["candidate"], check["control"], check["passes"]) == ("static:k=2", "none", 2)
+    assert check["verdict"] in ("confirmed", "refuted", "unresolved")
+    low, high = check["interval"]
+    assert low <= check["measured"] <= high

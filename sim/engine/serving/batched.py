@@ -96,7 +96,10 @@ class BatchedStep:
         # The sum over requests of t * c + t * (t + 1) / 2 (`SchedulerOutput.shape`), in exact integers: the sum of
         # t * (t + 1) is even, so halving it after summing is the same number.
         pairs = int(t @ c) + (int(t @ t) + tokens) // 2
-        self._shape = StepShape(sequences=len(t), tokens=tokens, kv_tokens=int(c.sum()), attention_pairs=pairs)
+        drafts = int(self.drafts.sum())
+        self._shape = StepShape(
+            sequences=len(t), tokens=tokens, kv_tokens=int(c.sum()), attention_pairs=pairs, drafts=drafts
+        )
         return self._shape
 
 
@@ -121,6 +124,7 @@ class BatchedEngine:
         if k_at is None:
             raise ConfigError(f"the batched serving form needs a K per batch, not policy {type(policy).__name__}")
         self.k_at = k_at
+        costs = costs.serving(policy.speculates)  # a speculating server's idle steps cost more (pricing.py)
         self.policy, self.costs, self.params = policy, costs, scheduler
         self.drafter, self.max_tokens = drafter, max_tokens
         self.meter = Meter(keep_steps)

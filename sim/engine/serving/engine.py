@@ -33,7 +33,7 @@ class Engine:
         engine: ReplayEngine | None = None,
     ) -> None:
         self.policy = policy
-        self.costs = costs
+        self.costs = costs = costs.serving(policy.speculates)  # a speculating server's idle steps cost more
         self.params = scheduler
         self.meter = Meter(keep_steps)
         # Each step's output chunks (requests, tokens streamed), appended while a frontend reads them (frontend.py).

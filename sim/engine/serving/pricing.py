@@ -23,16 +23,32 @@ class StepCosts(Protocol):
 
     def estimate_ms(self, sequences: int, tokens: int, kv_tokens: int) -> float: ...
 
+    def serving(self, speculates: bool) -> StepCosts:
+        """These costs for a server whose policy `speculates` (has speculation configured) or not."""
+        ...
+
 
 class ProfileCosts:
-    """A serving cost profile (sim/engine/serving_costs/) priced on a step's composition."""
+    """A serving cost profile (sim/engine/serving_costs/) priced on a step's composition. In a server with
+    speculation configured (`serving(True)`), a step that verifies no draft costs the profile's
+    idle_speculation_ratio times its plain price: vLLM then still runs the speculative path (the proposer, the
+    rejection sampler) over a step with nothing in it to verify (docs/serving.md, section 3)."""
 
-    def __init__(self, profile: ServingProfile) -> None:
+    def __init__(self, profile: ServingProfile, speculates: bool = False) -> None:
         self.profile = profile
         self.frontend = profile.frontend
+        self.idle_ratio = profile.idle_speculation_ratio if speculates else 1.0
+
+    def serving(self, speculates: bool) -> ProfileCosts:
+        ratio = self.profile.idle_speculation_ratio if speculates else 1.0
+        return self if ratio == self.idle_ratio else ProfileCosts(self.profile, speculates)
 
     def step_parts(self, step: SchedulerOutput) -> tuple[float, float]:
-        return self.profile.step_parts(step.shape())
+        shape = step.shape()
+        device, host = self.profile.step_parts(shape)
+        if self.idle_ratio != 1.0 and not shape.drafts:
+            return device * self.idle_ratio, host * self.idle_ratio
+        return device, host
 
     def draft_ms(self, n: int) -> float:
         return self.profile.draft_ms * n
@@ -78,3 +94,6 @@ class ReplayCosts:
 
     def draft_ms(self, n: int) -> float:
         return 0.0  # replay prices n-gram drafting as free (docs/timing.md)
+
+    def serving(self, speculates: bool) -> ReplayCosts:
+        return self  # replay's profile has one price for a step whatever the server has configured

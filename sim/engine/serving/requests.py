@@ -104,11 +104,12 @@ class SchedulerOutput:
     entries: list[Entry]
 
     def shape(self) -> StepShape:
-        tokens = kv = pairs = 0
+        tokens = kv = pairs = drafts = 0
         for e in self.entries:
             t, c = e.tokens, e.computed
             tokens += t
             kv += c
             pairs += t * c + t * (t + 1) // 2
+            drafts += len(e.drafts)
         # Drafting is priced apart (`StepCosts.draft_ms`): which requests draft is decided after the step.
-        return StepShape(sequences=len(self.entries), tokens=tokens, kv_tokens=kv, attention_pairs=pairs)
+        return StepShape(sequences=len(self.entries), tokens=tokens, kv_tokens=kv, attention_pairs=pairs, drafts=drafts)

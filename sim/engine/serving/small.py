@@ -55,12 +55,13 @@ class RowStep:
         return len(self.entries)
 
     def shape(self) -> StepShape:
-        tokens = kv = pairs = 0
-        for _, t, c, _, _, _ in self.entries:
+        tokens = kv = pairs = drafts = 0
+        for _, t, c, _, _, d in self.entries:
             tokens += t
             kv += c
             pairs += t * c + t * (t + 1) // 2
-        return StepShape(sequences=len(self.entries), tokens=tokens, kv_tokens=kv, attention_pairs=pairs)
+            drafts += d
+        return StepShape(sequences=len(self.entries), tokens=tokens, kv_tokens=kv, attention_pairs=pairs, drafts=drafts)
 
 
 def complete_rows(engine: BatchedEngine, step: RowStep, start_ms: float, device_ms: float, host_ms: float) -> float:

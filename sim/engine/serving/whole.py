@@ -222,7 +222,9 @@ class Core:
         k_values = [0] + [engine.k_at(b) for b in range(1, self.span)]  # the K of a step of b requests
         self.k_at = np.asarray(k_values, dtype=np.int64)
         self.k_size = max(k_values) + 1
-        self.serves = min(k_values) >= 0  # the core counts K by index: a policy's negative K stays in Python
+        # the core counts K by index: a policy's negative K stays in Python; so does a speculating server's idle
+        # step priced apart (pricing.py: no profile of the accelerators the core is for has the term)
+        self.serves = min(k_values) >= 0 and engine.costs.idle_ratio == 1.0
         profile = engine.costs.profile  # a ProfileCosts: forms.py's condition
         self.grid = np.asarray(profile.forward_tokens, dtype=np.int64)
         self.grid_ms = np.asarray(profile.forward_ms, dtype=np.float64)

@@ -146,6 +146,7 @@ def serving_profile_from_dict(
             meta={k: raw[k] for k in META_KEYS if k in raw},
             sha256=sha256,
             frontend=frontend,
+            idle_speculation_ratio=raw.get("idle_speculation_ratio", 1.0),
         )
     except Invalid as err:
         raise ProfileError(f"{at.where(*err.key)}: {err}") from None
@@ -179,5 +180,7 @@ def dump_serving_profile(profile: ServingProfile) -> str:
     }
     if profile.frontend is not None:
         doc["frontend"] = profile.frontend.as_dict()
+    if profile.idle_speculation_ratio != 1.0:  # written only when priced: other profiles keep their bytes
+        doc["idle_speculation_ratio"] = float(profile.idle_speculation_ratio)
     doc.update({k: profile.meta[k] for k in ("roofline", "fit") if k in profile.meta})
     return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)

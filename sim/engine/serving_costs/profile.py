@@ -33,8 +33,13 @@ KEYS = {
     "fit": "optional: a fitted profile's residuals and sample count (not read by the simulator)",
     "frontend": "optional: {request_ms, prompt_token_ms, chunk_ms, token_ms}: the API server's time per request "
     "(and per prompt token) and per output chunk (and per token in it); without it the frontend is free",
+    "idle_speculation_ratio": "optional: what a step that verifies no draft costs, over a plain step of the same "
+    "composition, in a server with speculation configured (a K = 0 band, nothing found to draft); without it 1",
 }
 FORWARD_KEYS = ("tokens", "ms")
+# An idle speculating step measured 0.99-1.10 plain ones on vLLM's CPU backend and is reported up to 2.5 on
+# accelerators (docs/serving.md, section 3): anything outside these bounds is a typo, not a measurement.
+MIN_IDLE_RATIO, MAX_IDLE_RATIO = 0.5, 10.0
 HOST_KEYS = ("step_ms", "sequence_ms", "draft_ms")
 FRONTEND_KEYS = ("request_ms", "prompt_token_ms", "chunk_ms", "token_ms")
 META_KEYS = ("model", "machine", "date", "source", "notes", "roofline", "fit")
@@ -53,6 +58,8 @@ class StepShape:
     attention_pairs: sum over scheduled tokens of the positions each attends to (its earlier context plus itself
         and the step's earlier tokens of the same sequence)
     drafting: sequences the host drafts for at this step (0..sequences)
+    drafts: draft tokens the step verifies (0..tokens - sequences): a server with speculation configured prices a
+        step without any at the profile's idle_speculation_ratio
     """
 
     sequences: int
@@ -60,6 +67,7 @@ class StepShape:
     kv_tokens: int
     attention_pairs: int
     drafting: int = 0
+    drafts: int = 0
 
     def __post_init__(self) -> None:
         # A malformed shape is a bug in whatever built it, not a user error: plain ValueError. Five comparisons
@@ -69,6 +77,7 @@ class StepShape:
             and self.kv_tokens >= 0
             and self.attention_pairs >= 0
             and 0 <= self.drafting <= self.sequences
+            and 0 <= self.drafts <= self.tokens - self.sequences
         ):
             raise ValueError(f"not a valid step shape: {self}")
 
@@ -129,6 +138,8 @@ class ServingProfile:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     # The API server's own costs; None: the frontend is free (a profile of the engine core alone).
     frontend: FrontendCosts | None = None
+    # A step verifying no draft in a server with speculation configured costs this many plain steps (pricing.py).
+    idle_speculation_ratio: float = 1.0
     # Provenance, like meta: two profiles that price every step alike are equal whatever file they came from.
     sha256: str = field(default="", compare=False)
     # forward(N)'s slope on each grid segment, the last one also beyond the grid: derived once, forward() is
@@ -168,6 +179,12 @@ class ServingProfile:
         for what, value, key in coefficients:
             if not finite(value) or not 0.0 <= value <= MAX_MS:
                 raise Invalid(f"{what} must be between 0 and {MAX_MS:g} ms, got {value!r}", *key)
+        ratio = self.idle_speculation_ratio
+        if isinstance(ratio, bool) or not finite(ratio) or not MIN_IDLE_RATIO <= ratio <= MAX_IDLE_RATIO:
+            raise Invalid(
+                f"idle_speculation_ratio must be a number in {MIN_IDLE_RATIO:g}..{MAX_IDLE_RATIO:g}, got {ratio!r}",
+                "idle_speculation_ratio",
+            )
         if not isinstance(self.name, str) or not self.name.strip() or not one_line(self.name):
             raise Invalid(f"name must be a one-line text, got {self.name!r}", "name")
         unknown = sorted(set(self.meta) - set(META_KEYS))
@@ -204,17 +221,21 @@ class ServingProfile:
 
     def as_dict(self) -> dict[str, Any]:
         """What result files record about the profile that priced them."""
-        return {
-            "name": self.name,
-            "sha256": self.sha256,
-            "forward_tokens": list(self.forward_tokens),
-            "forward_ms": list(self.forward_ms),
-            "kv_ms_per_token": self.kv_ms_per_token,
-            "attention_ms_per_pair": self.attention_ms_per_pair,
-            "step_ms": self.step_ms,
-            "sequence_ms": self.sequence_ms,
-            "draft_ms": self.draft_ms,
-        } | ({"frontend": self.frontend.as_dict()} if self.frontend is not None else {})
+        return (
+            {
+                "name": self.name,
+                "sha256": self.sha256,
+                "forward_tokens": list(self.forward_tokens),
+                "forward_ms": list(self.forward_ms),
+                "kv_ms_per_token": self.kv_ms_per_token,
+                "attention_ms_per_pair": self.attention_ms_per_pair,
+                "step_ms": self.step_ms,
+                "sequence_ms": self.sequence_ms,
+                "draft_ms": self.draft_ms,
+            }
+            | ({"frontend": self.frontend.as_dict()} if self.frontend is not None else {})
+            | ({"idle_speculation_ratio": self.idle_speculation_ratio} if self.idle_speculation_ratio != 1.0 else {})
+        )
 
 
 # ---------------------------------------------------------------- single-request steps, priced as replay prices them

@@ -12,10 +12,11 @@ clock for every process of this machine, the engine core's timestamps included):
 - the output processor (`OutputProcessor.process_outputs`, called once per engine step's outputs, per slice of
   up to VLLM_V1_OUTPUT_PROC_CHUNK_SIZE requests): `{"ts": the engine core's timestamp of the step's outputs,
   "start": when processing began, "done": when it ended, "out": [[request id, new tokens, the engine core's
-  QUEUED timestamp or null, finished], ...]}` in the step's order.
+  QUEUED timestamp or null, finished, its SCHEDULED timestamp or null], ...]}` in the step's order.
 
-The lines are buffered and flushed at most every FLUSH_S, so the probe's own cost per step is a list append and
-a JSON encoding; what the processing then hands to each request's handler (formatting the chunk, writing it to
+The lines are buffered and flushed at most every FLUSH_S and whenever a request finishes (so a run's last step
+is on disk when its client has its last token): the probe's own cost per step is a list append and a JSON
+encoding; what the processing then hands to each request's handler (formatting the chunk, writing it to
 the socket) happens after `done`, in the handler's task.
 """
 
@@ -41,10 +42,10 @@ def install(path: str) -> None:
     pending: list[str] = []
     flushed = [time.monotonic()]
 
-    def write(record: dict[str, Any]) -> None:
+    def write(record: dict[str, Any], now_too: bool = False) -> None:
         pending.append(json.dumps(record, separators=(",", ":")))
         now = time.monotonic()
-        if now - flushed[0] > FLUSH_S:
+        if now_too or now - flushed[0] > FLUSH_S:
             handle.write("\n".join(pending) + "\n")
             handle.flush()
             pending.clear()
@@ -66,9 +67,11 @@ def install(path: str) -> None:
         done = time.monotonic()
         out = []
         for output in engine_core_outputs:
-            queued = next((e.timestamp for e in output.events or () if e.type == EngineCoreEventType.QUEUED), None)
-            out.append([output.request_id, len(output.new_token_ids), queued, output.finish_reason is not None])
-        write({"ts": engine_core_timestamp, "start": start, "done": done, "out": out})
+            events = {e.type: e.timestamp for e in reversed(output.events or ())}  # the first of each type
+            queued, scheduled = events.get(EngineCoreEventType.QUEUED), events.get(EngineCoreEventType.SCHEDULED)
+            finished = output.finish_reason is not None
+            out.append([output.request_id, len(output.new_token_ids), queued, finished, scheduled])
+        write({"ts": engine_core_timestamp, "start": start, "done": done, "out": out}, any(o[3] for o in out))
         return result
 
     OpenAIServingCompletion.create_completion = create_completion

@@ -84,7 +84,9 @@ class RequestRecord:
     """What the client saw of one request; times in seconds from the start of the run.
 
     `chunks` holds (arrival, tokens) per streamed chunk that carried tokens; `tokens` are the reply's token ids as
-    vLLM streamed them (an EOS it stopped at included, as vLLM returns it)."""
+    vLLM streamed them (an EOS it stopped at included, as vLLM returns it). `tag`, when set, is sent as the
+    request's X-Request-Id (vLLM's request id is then cmpl-TAG-0, so the engine's records of it can be found), and
+    `sent_monotonic` is the send on CLOCK_MONOTONIC, the clock of the engine core's timestamps."""
 
     index: int
     scheduled_s: float
@@ -97,6 +99,8 @@ class RequestRecord:
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    tag: str | None = None
+    sent_monotonic: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -118,9 +122,11 @@ def _send(server: Server, request: LoadRequest, record: RequestRecord, start: fl
         "return_token_ids": True,  # each chunk carries its token ids (vLLM's extension of the completions API)
     }
     connection = http.client.HTTPConnection(HOST, server.port, timeout=max(1.0, deadline - time.perf_counter()))
+    headers = {"Content-Type": "application/json", **({"X-Request-Id": record.tag} if record.tag else {})}
     try:
         record.sent_s = time.perf_counter() - start
-        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        record.sent_monotonic = time.monotonic()
+        connection.request("POST", "/v1/completions", json.dumps(body), headers)
         response = connection.getresponse()
         if response.status != 200:
             record.error = f"HTTP {response.status}: {response.read(500).decode('utf-8', 'replace')}"
@@ -158,14 +164,22 @@ def _send(server: Server, request: LoadRequest, record: RequestRecord, start: fl
 
 
 def run_load(
-    server: Server, requests: Sequence[LoadRequest | tuple[float, Sequence[int], int]], *, timeout_s: float
+    server: Server,
+    requests: Sequence[LoadRequest | tuple[float, Sequence[int], int]],
+    *,
+    timeout_s: float,
+    tag: str | None = None,
 ) -> list[RequestRecord]:
     """Send every request at its time (open loop: one thread each, whether or not earlier ones finished) and
-    stream its reply; a request still running `timeout_s` after the start is cut and recorded with an error."""
+    stream its reply; a request still running `timeout_s` after the start is cut and recorded with an error. With
+    `tag`, request i is sent with the X-Request-Id TAGxI (letters and digits: vLLM keeps it in its request id)."""
     if server.process is None:
         raise ModelError("run_load: the server is not running (use it inside `with Server(...)`)")
     loads = [LoadRequest(*r) for r in requests]
-    records = [RequestRecord(i, r.at_s, r.max_tokens, len(r.prompt)) for i, r in enumerate(loads)]
+    records = [
+        RequestRecord(i, r.at_s, r.max_tokens, len(r.prompt), tag=None if tag is None else f"{tag}x{i}")
+        for i, r in enumerate(loads)
+    ]
     start = time.perf_counter()
     deadline = start + timeout_s
     threads = [
@@ -260,14 +274,18 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any]:
 
 
 def measured_run(
-    server: Server, requests: Sequence[LoadRequest | tuple[float, Sequence[int], int]], *, timeout_s: float
+    server: Server,
+    requests: Sequence[LoadRequest | tuple[float, Sequence[int], int]],
+    *,
+    timeout_s: float,
+    tag: str | None = None,
 ) -> dict[str, Any]:
     """`run_load` between two readings of vLLM's counters and of the machine's load: the records, their summary,
     the counters' deltas (spec decode, preemptions, tokens, requests) and the load before and after."""
     load_before = machine_load(server)
     before = scrape_metrics(server)
     started = time.perf_counter()
-    records = run_load(server, requests, timeout_s=timeout_s)
+    records = run_load(server, requests, timeout_s=timeout_s, tag=tag)
     wall = time.perf_counter() - started
     after = scrape_metrics(server)
     return {

@@ -65,7 +65,9 @@ class Server:
     `speculative` is a VllmParams (its `speculative_config()`), vLLM's own dict (JSON-able, e.g. with
     `num_speculative_tokens_per_batch_size`) or None (no speculation). `max_num_seqs` and `max_num_batched_tokens`
     None leave vLLM's defaults (`CPU_SERVE_DEFAULTS`). The log goes to `log_path` (default: a file in the temp
-    folder, kept after exit and named in errors)."""
+    folder, kept after exit and named in errors). With `probe_log`, the API process runs with the probe of
+    sim/hardware/vllm/frontend_probe.py, which writes the engine core's per-step and per-request timestamps
+    there."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class Server:
         log_path: str | os.PathLike[str] | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
         warmup: bool = True,
+        probe_log: str | os.PathLike[str] | None = None,
     ):
         from sim.hardware.vllm.engine import KV_CACHE_BYTES
 
@@ -97,6 +100,7 @@ class Server:
         self.log_path = Path(log_path) if log_path is not None else None
         self.start_timeout_s = start_timeout_s
         self.warmup = warmup
+        self.probe_log = Path(probe_log) if probe_log is not None else None
         self.port = 0
         self.command: list[str] = []
         self.vllm_version = ""
@@ -140,6 +144,7 @@ class Server:
             "settings": self.settings(),
             "start_s": round(self.start_s, 3),
             "log": str(self.log_path) if self.log_path else None,
+            "probe": str(self.probe_log) if self.probe_log else None,
         }
 
     @property
@@ -148,7 +153,12 @@ class Server:
 
     def build_command(self) -> list[str]:
         """The server's command line: vLLM's own CLI, run by this venv's Python."""
-        command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", self.model]
+        from sim.hardware.vllm.frontend_probe import ENTRY
+
+        entry = [ENTRY]
+        if self.probe_log is not None:  # the probe wraps two methods of the API process, then runs vLLM's entry
+            entry = ["sim.hardware.vllm.frontend_probe", str(self.probe_log), "--"]
+        command = [sys.executable, "-m", *entry, "--model", self.model]
         command += ["--host", HOST, "--port", str(self.port), "--served-model-name", self.served_model_name]
         command += ["--dtype", "float32", "--seed", str(self.seed), "--max-model-len", str(self.max_model_len)]
         command += ["--enforce-eager", "--no-enable-prefix-caching"]
@@ -190,6 +200,9 @@ class Server:
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override --kv-cache-memory-bytes
         # nothing outside this machine is reachable or wanted: no usage reports, no hub look-ups
         env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if self.probe_log is not None:  # the probe is this project's module, wherever the server is started from
+            root = str(Path(__file__).resolve().parents[3])
+            env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         started = time.perf_counter()
         with open(self.log_path, "wb") as log:
             log.write(f"$ {' '.join(self.command)}\n".encode())

@@ -12,8 +12,8 @@ n-gram proposer drafts its full K nearly every step.
 One engine more is speculation configured and idle: n-gram K = IDLE_OF with a Dynamic SD schedule of K = 0 at every
 batch size, stepped as the K = 0 engine is. Its steps schedule no drafts, as a plain engine's do; whether they cost
 what plain steps cost is what a `none` server and a schedule's K = 0 band differ by (docs/serving-vllm.md, section
-5). They are kept apart from the fit (the profile has no term for them) and their medians by batch size are compared
-with the plain engine's in the profile's notes.
+5). They are kept apart from the fit; paired step by step with the plain engine's (`idle_ratio`), their ratio
+becomes the profile's idle_speculation_ratio where its 95% interval excludes 1, and stays 1 (no term) otherwise.
 
 Every step is timed (`time.perf_counter`) and its composition read from the scheduler's own output: per scheduled
 request its scheduled tokens, its computed tokens before the step, its scheduled drafts. A composition becomes a
@@ -21,11 +21,16 @@ request its scheduled tokens, its computed tokens before the step, its scheduled
 fitted is the engine core's step as `vllm serve`'s engine-core process runs it: schedule, forward, sampling,
 rejection, drafting and the scheduler's update (`EngineCore.step_fn` + `post_step`), without the output processing
 (detokenizing), which the server does in its API process. The whole `LLMEngine.step` is kept beside it.
+
+Placed as a server under load is placed (sim/hardware/vllm/placement.py): the model's worker on the core vLLM
+bound it to, this process (the in-process engine core) on the others. Every engine runs PASSES times, the order
+rotating between passes, so the machine's drift lands on every K alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -50,6 +55,7 @@ CYCLE = 24  # tokens in a prompt's repeating cycle
 FIRST_ID = 1000  # token ids of the synthetic prompts: ordinary words in any vocabulary of 2000 and more
 MAX_NUM_BATCHED_TOKENS = 2048  # vllm serve's default on the CPU: prefill chunks of the size a server runs
 EXECUTOR = "mp"  # as `vllm serve` runs it: the model in a worker process of its own
+PASSES = 2  # every engine measured twice, the order rotated between passes (`measure`)
 
 
 def prompt(length: int, index: int) -> list[int]:
@@ -126,6 +132,10 @@ def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int, idle_
     started = time.perf_counter()
     llm = vllm.LLM(**settings)
     start_s = time.perf_counter() - started
+    from sim.hardware.vllm.placement import descendants, pin_apart
+
+    # the worker on the cores vLLM bound it to, this process (the engine core) off them: as a server under load runs
+    placement = pin_apart(descendants(os.getpid()))
     engine = llm.llm_engine
     client = engine.engine_core  # InprocClient: the engine core runs in this process
     core = client.engine_core
@@ -186,6 +196,7 @@ def engine_samples(model: str, k: int, lengths: dict[int, int], seed: int, idle_
         "k": k,
         **({"idle_of": idle_of} if idle_of else {}),
         "start_s": round(start_s, 2),
+        "placement": placement,
         "samples": samples,
         "scheduler": {
             "max_num_seqs": config.max_num_seqs,
@@ -244,20 +255,34 @@ def grid(tokens: list[int]) -> tuple[int, ...]:
 
 
 def measure(
-    model: str, ks: tuple[int, ...], lengths: dict[int, int], seed: int, idle_of: int = 0
+    model: str, ks: tuple[int, ...], lengths: dict[int, int], seed: int, idle_of: int = 0, passes: int = PASSES
 ) -> list[dict[str, Any]]:
-    """`engine_samples` for every K, then (idle_of > 0) the idle engine, each in a process of its own."""
+    """`engine_samples` for every K, then (idle_of > 0) the idle engine, each in a process of its own, `passes`
+    times with the order rotating from pass to pass: the machine drifts over minutes, and a stretch of slow
+    machine then lands on every K alike instead of on whichever ran then (one pass measured K = 4's small batches
+    faster than K = 0's). Per engine one run, its passes' samples in order, each sample with its pass."""
     from sim.hardware.vllm.engine import in_fresh_process
 
-    out = []
-    for k, idle in [(k, 0) for k in ks] + ([(0, idle_of)] if idle_of else []):
-        begun = time.perf_counter()
-        out.append(in_fresh_process(engine_samples, model, k, lengths, seed, idle))
-        print(
-            f"{arm_label(k, idle)}: {len(out[-1]['samples'])} steps in {time.perf_counter() - begun:.0f} s",
-            file=sys.stderr,
-        )
-    return out
+    arms = [(k, 0) for k in ks] + ([(0, idle_of)] if idle_of else [])
+    merged: dict[tuple[int, int], dict[str, Any]] = {}
+    for index in range(passes):
+        shift = index % len(arms)
+        for k, idle in arms[shift:] + arms[:shift]:
+            begun = time.perf_counter()
+            run = in_fresh_process(engine_samples, model, k, lengths, seed, idle)
+            for sample in run["samples"]:
+                sample["pass"] = index
+            print(
+                f"pass {index + 1}/{passes}, {arm_label(k, idle)}: {len(run['samples'])} steps in "
+                f"{time.perf_counter() - begun:.0f} s",
+                file=sys.stderr,
+            )
+            if (k, idle) in merged:
+                merged[(k, idle)]["samples"] += run["samples"]
+                merged[(k, idle)]["placement"].append(run["placement"])
+            else:
+                merged[(k, idle)] = {**run, "placement": [run["placement"]]}
+    return [merged[arm] for arm in arms]
 
 
 def fitted_samples(runs: list[dict[str, Any]], field: str = "core_ms") -> list[tuple[Any, float]]:
@@ -351,7 +376,8 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
         f"torch {torch.__version__}",
         "date": datetime.date.today().isoformat(),
         "source": f"measured by `{command}`: vLLM engine-core steps timed one by one, n-gram K in "
-        f"{', '.join(map(str, KS))}, and K=0 with K={IDLE_OF} configured, not fitted "
+        f"{', '.join(map(str, KS))}, and K=0 with K={IDLE_OF} configured, not fitted; {PASSES} passes, the order "
+        f"rotated; worker placed apart: {json.dumps(runs[0]['placement'][0])} "
         "(sim/hardware/vllm/serving_measure.py)",
         "notes": "median engine-core ms of the pure decode steps by K and batch size: "
         + json.dumps(summary(runs), separators=(",", ":"))
@@ -359,6 +385,10 @@ def run_command(args: argparse.Namespace, argv: list[str], name: str) -> int:
         + json.dumps(idle_ratio(runs), separators=(",", ":")),
     }
     profile = fit(runs, name, meta)
+    idle = idle_ratio(runs)
+    if idle is not None and not idle["ci95"][0] <= 1.0 <= idle["ci95"][1]:
+        # priced where the measurement tells it from a plain step (its 95% interval excludes 1); otherwise 1
+        profile = dataclasses.replace(profile, idle_speculation_ratio=idle["ratio"])
     profile.meta["fit"]["raw_samples"] = samples_path.name
     profile.meta["fit"]["measured_s"] = round(time.perf_counter() - began, 1)
     # the machine is shared: a reader judges the numbers by the load they were taken under (1, 5, 15 min)
