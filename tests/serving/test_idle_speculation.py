@@ -67,3 +67,25 @@ def test_the_ratio_is_written_only_when_priced_and_checked_when_read(tmp_path):
         path.write_text(text.replace("idle_speculation_ratio: 1.25", f"idle_speculation_ratio: {bad}"))
         with pytest.raises(ProfileError, match=rf"{path}:\d+: idle_speculation_ratio must be a number in 0.5..10"):
             read_serving_profile(path)
+
+
+def test_the_idle_ratio_pairs_steps_within_each_pass():
+    from sim.hardware.vllm.serving_measure import idle_ratio
+
+    def step(number, ms, pieces=((1, 64, 0),)):
+        return {"pass": number, "core_ms": ms, "pieces": [list(p) for p in pieces]}
+
+    plain = {"k": 0, "samples": [step(0, 10.0), step(0, 10.0), step(1, 20.0), step(1, 20.0), step(1, 20.0)]}
+    # the idle engine ran one step more in pass 0: paired by position across passes, pass 1's first step would meet
+    # pass 0's last, and every later pair would be off by one
+    idle = {
+        "k": 0,
+        "idle_of": 4,
+        "samples": [step(0, 11.0), step(0, 11.0), step(0, 11.0), step(1, 22.0), step(1, 22.0), step(1, 22.0)],
+    }
+    measured = idle_ratio([plain, idle])
+    assert measured is not None
+    assert measured["pairs"] == 5 and measured["ratio"] == pytest.approx(1.1) and measured["ci95"] == [1.1, 1.1]
+    # a composition that differs is no pair
+    idle["samples"][3]["pieces"] = [[2, 64, 0]]
+    assert idle_ratio([plain, idle])["pairs"] == 4

@@ -37,8 +37,9 @@ KEYS = {
     "composition, in a server with speculation configured (a K = 0 band, nothing found to draft); without it 1",
 }
 FORWARD_KEYS = ("tokens", "ms")
-# An idle speculating step measured 0.99-1.10 plain ones on vLLM's CPU backend and is reported up to 2.5 on
-# accelerators (docs/serving.md, section 3): anything outside these bounds is a typo, not a measurement.
+# An idle speculating step measured 0.99-1.10 plain ones on vLLM's CPU backend (1.088 in the placed profile) and
+# is reported up to 2.5 on accelerators (docs/serving.md, section 3): anything outside these bounds is a typo, not
+# a measurement.
 MIN_IDLE_RATIO, MAX_IDLE_RATIO = 0.5, 10.0
 HOST_KEYS = ("step_ms", "sequence_ms", "draft_ms")
 FRONTEND_KEYS = ("request_ms", "prompt_token_ms", "chunk_ms", "token_ms")
@@ -70,7 +71,7 @@ class StepShape:
     drafts: int = 0
 
     def __post_init__(self) -> None:
-        # A malformed shape is a bug in whatever built it, not a user error: plain ValueError. Five comparisons
+        # A malformed shape is a bug in whatever built it, not a user error: plain ValueError. A few comparisons
         # per step are cheap next to what a wrong shape would silently cost.
         if not (
             1 <= self.sequences <= self.tokens

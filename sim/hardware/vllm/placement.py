@@ -1,4 +1,4 @@
-"""Where a vLLM engine's processes run on a CPU machine (docs/serving-vllm.md, "Placement").
+"""Where a vLLM engine's processes run on a CPU machine (docs/serving-vllm.md, section 5, the "Placement" item).
 
 On the CPU, vLLM binds the model worker's OpenMP threads to cores of their own (`VLLM_CPU_OMP_THREADS_BIND`; on a
 two-core machine its default gives the worker one core and one OpenMP thread). The worker's other threads, the
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-WORKER_TAG = "Worker"  # vLLM names its model worker process VllmWorker-N (/proc/PID/comm)
+WORKER_TAG = "Worker"  # vLLM titles its model worker VLLM::Worker (or VLLM::Worker_<rank>), which /proc/PID/comm shows
 
 
 def threads_of(pid: int) -> list[int]:
@@ -75,8 +75,9 @@ def pin_apart(members: list[int], *, with_self: bool = True) -> dict[str, Any] |
     """Every thread of the workers among `members` onto the cores vLLM bound their OpenMP threads to; every thread
     of the other members (engine core, API server) and, `with_self`, of this process (the client, or the measuring
     engine core) onto the remaining cores. Threads started later inherit their starter's cores. Returns the two
-    sets and the processes moved, or None where there is no bound worker, no core is left for the rest, or a
-    thread could not be moved (the placement is then whatever it was)."""
+    sets and the processes moved, or None where there is no bound worker or no core is left for the rest (nothing is
+    moved then), or where a thread could not be moved: the threads moved before it stay moved, so the placement may
+    then be half applied (`restore` puts every thread of a process back on the whole machine)."""
     workers = [pid for pid in members if WORKER_TAG in process_name(pid)]
     worker_cpus = bound_cpus(workers)
     others = set(os.sched_getaffinity(0)) - worker_cpus

@@ -286,8 +286,8 @@ def measure(
 
 
 def fitted_samples(runs: list[dict[str, Any]], field: str = "core_ms") -> list[tuple[Any, float]]:
-    """(shape, ms) of every step the profile is fitted to: the idle engine's are left out, since the profile has no
-    term that tells its steps from plain ones."""
+    """(shape, ms) of every step the profile is fitted to: the idle engine's are left out, since they are priced
+    apart, as the plain step times the profile's idle_speculation_ratio (`idle_ratio`)."""
     return [(shape(s), s[field]) for run in runs if not run.get("idle_of") for s in run["samples"]]
 
 
@@ -314,18 +314,29 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def idle_ratio(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The idle engine's steps over the plain engine's, paired step by step where both scheduled the same
-    composition (the same plan of requests makes them alike): the geometric mean of the ratios of their engine-core
-    times and its 95% interval (normal, on the logs); None without both engines or with fewer than 3 pairs."""
+    """The idle engine's steps over the plain engine's, paired step by step within each pass where both scheduled
+    the same composition (the same plan of requests makes them alike): the geometric mean of the ratios of their
+    engine-core times and its 95% interval (normal, on the logs); None without both engines or with fewer than 3
+    pairs."""
     import math
 
     plain = next((run for run in runs if run["k"] == 0 and not run.get("idle_of")), None)
     idle = next((run for run in runs if run.get("idle_of")), None)
     if plain is None or idle is None:
         return None
+
+    def by_pass(run: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+        passes: dict[int, list[dict[str, Any]]] = {}
+        for sample in run["samples"]:
+            passes.setdefault(int(sample.get("pass", 0)), []).append(sample)
+        return passes
+
+    # Pair within each pass: a pass that ran a step more on one engine must not shift every later pair.
+    plain_passes, idle_passes = by_pass(plain), by_pass(idle)
     logs = [
         math.log(i["core_ms"] / p["core_ms"])
-        for p, i in zip(plain["samples"], idle["samples"], strict=False)
+        for number in sorted(plain_passes.keys() & idle_passes.keys())
+        for p, i in zip(plain_passes[number], idle_passes[number], strict=False)
         if p["pieces"] == i["pieces"] and p["core_ms"] > 0 and i["core_ms"] > 0
     ]
     if len(logs) < 3:
