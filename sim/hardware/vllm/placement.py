@@ -77,7 +77,7 @@ def pin_apart(members: list[int], *, with_self: bool = True) -> dict[str, Any] |
     engine core) onto the remaining cores. Threads started later inherit their starter's cores. Returns the two
     sets and the processes moved, or None where there is no bound worker or no core is left for the rest (nothing is
     moved then), or where a thread could not be moved: the threads moved before it stay moved, so the placement may
-    then be half applied (`restore` puts every thread of a process back on the whole machine)."""
+    then be half applied (`restore` puts this process's threads back on the cores it had)."""
     workers = [pid for pid in members if WORKER_TAG in process_name(pid)]
     worker_cpus = bound_cpus(workers)
     others = set(os.sched_getaffinity(0)) - worker_cpus
